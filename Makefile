@@ -1,0 +1,82 @@
+# ZenFlow GPT-2: build, test, run.
+#
+#   make            build what this machine can build (CPU trainer always, CUDA if nvcc exists)
+#   make test       every test this machine can run; skipped ones are named with the reason
+#   make run        prepare tinyshakespeare, build, train (GPU if there is one, else CPU)
+#   make deps       install the Debian packages the Python scripts need (python3-torch, ...)
+#
+# Python scripts run with Debian's interpreter, which is where python3-torch installs.
+PYTHON ?= /usr/bin/python3
+CXX ?= g++
+NVCC ?= nvcc
+
+# -ffp-contract=off: no fused multiply-add, so the AdamW step is bitwise the spec's
+# (docs/zenflow_spec.md 3.1) and the CPU trainer is reproducible; never -ffast-math.
+CXXFLAGS ?= -O3 -march=native
+CXXFLAGS += -std=c++17 -fopenmp -ffp-contract=off -Wall -Wextra -Wno-unused-function
+LDLIBS = -lpthread -lm
+
+# CUDA: sm_80 (A100) and sm_90 (H100/H200). -fmad=false for the same reason as above.
+NVCC_FOUND := $(shell command -v $(NVCC) 2>/dev/null)
+CUDA_ARCH ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90
+NVCCFLAGS ?= -O3 -std=c++17 -fmad=false $(CUDA_ARCH) -Xcompiler -Wall,-fopenmp,-ffp-contract=off
+NVCC_LDLIBS = -lcublasLt -lcublas -lgomp -lpthread
+
+CPU_BINS = train_gpt2cpu test_gpt2cpu test_cpu_adam
+ifneq ($(NVCC_FOUND),)
+CUDA_BINS = train_gpt2cu test_gpt2cu
+else
+CUDA_BINS =
+$(info nvcc not found: skipping train_gpt2cu and test_gpt2cu (install the CUDA toolkit to build them))
+endif
+
+HEADERS = $(wildcard llmc/*.h) cpu_adam.h
+
+.PHONY: all test run data deps refs clean
+all: $(CPU_BINS) $(CUDA_BINS)
+
+cpu_adam.o: cpu_adam.cpp cpu_adam.h
+	$(CXX) $(CXXFLAGS) -c $< -o $@
+
+train_gpt2cpu: dev/train_gpt2.cpp cpu_adam.o $(HEADERS)
+	$(CXX) $(CXXFLAGS) $< cpu_adam.o -o $@ $(LDLIBS)
+
+test_gpt2cpu: dev/test_gpt2.cpp dev/train_gpt2.cpp cpu_adam.o $(HEADERS)
+	$(CXX) $(CXXFLAGS) $< cpu_adam.o -o $@ $(LDLIBS)
+
+test_cpu_adam: dev/test_cpu_adam.cpp cpu_adam.o cpu_adam.h
+	$(CXX) $(CXXFLAGS) $< cpu_adam.o -o $@ $(LDLIBS)
+
+# ThreadSanitizer build of the updater test, without OpenMP (libgomp is not instrumented
+# and would report false races); cpu_adam.cpp builds single-threaded then.
+test_cpu_adam_tsan: dev/test_cpu_adam.cpp cpu_adam.cpp cpu_adam.h
+	$(CXX) -std=c++17 -O1 -g -ffp-contract=off -fsanitize=thread -Wall $< cpu_adam.cpp -o $@ $(LDLIBS)
+
+train_gpt2cu: train_gpt2.cu cpu_adam.o $(HEADERS) $(wildcard llmc/*.cuh)
+	$(NVCC) $(NVCCFLAGS) $< cpu_adam.o -o $@ $(NVCC_LDLIBS)
+
+test_gpt2cu: test_gpt2.cu train_gpt2.cu cpu_adam.o $(HEADERS) $(wildcard llmc/*.cuh)
+	$(NVCC) $(NVCCFLAGS) $< cpu_adam.o -o $@ $(NVCC_LDLIBS)
+
+deps:
+	@bash scripts/install_deps.sh
+
+data: deps
+	$(PYTHON) scripts/prepare_tinyshakespeare.py
+
+# PyTorch reference outputs for the tests; regenerated when the scripts change
+REF_DIR = dev/test/ref
+refs: $(REF_DIR)/.stamp
+$(REF_DIR)/.stamp: scripts/make_test_refs.sh scripts/gpt2_reference.py
+	bash scripts/make_test_refs.sh $(REF_DIR)
+	touch $@
+
+test: deps all test_cpu_adam_tsan refs
+	@bash scripts/run_tests.sh
+
+run: deps data all
+	@bash scripts/run.sh $(ARGS)
+
+clean:
+	rm -f $(CPU_BINS) train_gpt2cu test_gpt2cu test_cpu_adam_tsan *.o
+	rm -rf $(REF_DIR)

@@ -1,0 +1,304 @@
+// cpu_adam.cpp: CPU AdamW (spec 3.1) and the background updater. See cpu_adam.h.
+//
+// Bitwise reproducibility, in short:
+//  - every element goes through the same sequence of fp32 operations as the scalar loop of
+//    spec 3.1: mul, add, div and sqrt are correctly rounded IEEE operations whether done one
+//    at a time or 8 at a time (AVX), so the vector body and the scalar tail agree bit for bit;
+//  - no fused multiply-add anywhere: GCC would otherwise contract even _mm256_mul_ps +
+//    _mm256_add_ps into one vfmadd (one rounding instead of two). -ffp-contract=off stops
+//    that; the test compares against a reference that cannot be contracted, so a build
+//    without the flag fails it;
+//  - elements are independent, so how they are split over threads cannot change a result.
+//    Threads still get chunks of whole 16-float (64-byte) blocks so that two threads never
+//    write the same cache line.
+#include "cpu_adam.h"
+
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <thread>
+
+#ifdef __AVX__
+#include <immintrin.h>
+#endif
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+// ---------------------------------------------------------------------------------------
+// AdamW
+
+// Per-call constants of spec 3.1, all fp32.
+typedef struct {
+    float b1, b2, omb1, omb2, bc1, bc2, eps, lr, wd;
+} ZfAdamConsts;
+
+static ZfAdamConsts zf_adam_consts(ZfAdamHyper h, int s) {
+    ZfAdamConsts c;
+    c.b1 = h.beta1;
+    c.b2 = h.beta2;
+    c.omb1 = 1.0f - h.beta1;  // fp32 subtraction, as the spec says
+    c.omb2 = 1.0f - h.beta2;
+    // bias corrections in double, then one rounding to fp32
+    c.bc1 = (float)(1.0 - pow((double)h.beta1, (double)s));
+    c.bc2 = (float)(1.0 - pow((double)h.beta2, (double)s));
+    c.eps = h.eps;
+    c.lr = h.lr;
+    c.wd = h.weight_decay;
+    return c;
+}
+
+// One element, written exactly as spec 3.1. The scalar tail and non-AVX builds use this.
+static inline void zf_adam_one(float* p, float* m, float* v, float g, size_t i,
+                               const ZfAdamConsts* c) {
+    float mi = c->b1 * m[i] + c->omb1 * g;
+    float vi = c->b2 * v[i] + (c->omb2 * g) * g;
+    float mhat = mi / c->bc1;
+    float vhat = vi / c->bc2;
+    float pi = p[i];
+    // wd*p is computed even when wd == 0: skipping it could flip the sign of a zero update
+    // and so differ from the reference in the last bit (-0 vs +0).
+    p[i] = pi - c->lr * (mhat / (sqrtf(vhat) + c->eps) + c->wd * pi);
+    m[i] = mi;
+    v[i] = vi;
+}
+
+// Elements [lo, hi) of one AdamW step. If acc != NULL the gradient is acc[i] / count
+// (the window mean), else g[i].
+static void zf_adam_range(float* p, float* m, float* v, const float* g, const float* acc,
+                          float count, size_t lo, size_t hi, const ZfAdamConsts* c) {
+    size_t i = lo;
+#ifdef __AVX__
+    // The same operations as zf_adam_one, in the same order, on 8 floats at a time.
+    const __m256 b1 = _mm256_set1_ps(c->b1), b2 = _mm256_set1_ps(c->b2);
+    const __m256 omb1 = _mm256_set1_ps(c->omb1), omb2 = _mm256_set1_ps(c->omb2);
+    const __m256 bc1 = _mm256_set1_ps(c->bc1), bc2 = _mm256_set1_ps(c->bc2);
+    const __m256 eps = _mm256_set1_ps(c->eps), lr = _mm256_set1_ps(c->lr);
+    const __m256 wd = _mm256_set1_ps(c->wd), cnt = _mm256_set1_ps(count);
+    for (; i + 8 <= hi; i += 8) {
+        __m256 gi = acc ? _mm256_div_ps(_mm256_loadu_ps(acc + i), cnt)
+                        : _mm256_loadu_ps(g + i);
+        __m256 mi = _mm256_add_ps(_mm256_mul_ps(b1, _mm256_loadu_ps(m + i)),
+                                  _mm256_mul_ps(omb1, gi));
+        __m256 vi = _mm256_add_ps(_mm256_mul_ps(b2, _mm256_loadu_ps(v + i)),
+                                  _mm256_mul_ps(_mm256_mul_ps(omb2, gi), gi));
+        __m256 mhat = _mm256_div_ps(mi, bc1);
+        __m256 vhat = _mm256_div_ps(vi, bc2);
+        __m256 pi = _mm256_loadu_ps(p + i);
+        __m256 upd = _mm256_add_ps(
+            _mm256_div_ps(mhat, _mm256_add_ps(_mm256_sqrt_ps(vhat), eps)),
+            _mm256_mul_ps(wd, pi));
+        _mm256_storeu_ps(p + i, _mm256_sub_ps(pi, _mm256_mul_ps(lr, upd)));
+        _mm256_storeu_ps(m + i, mi);
+        _mm256_storeu_ps(v + i, vi);
+    }
+#endif
+    for (; i < hi; i++) {
+        float gi = acc ? acc[i] / count : g[i];
+        zf_adam_one(p, m, v, gi, i, c);
+    }
+}
+
+// Threads split the array into chunks of whole blocks; below this size one thread does it
+// all, because starting a team costs more than the work. Neither choice changes results.
+#define ZF_BLOCK 16
+#define ZF_MIN_PARALLEL (1 << 16)
+
+// Thread `t` of `nt` gets elements [*lo, *hi): a contiguous run of whole blocks.
+static void zf_chunk(size_t n, int t, int nt, size_t* lo, size_t* hi) {
+    size_t nblocks = (n + ZF_BLOCK - 1) / ZF_BLOCK;
+    size_t b0 = nblocks * (size_t)t / (size_t)nt;
+    size_t b1 = nblocks * (size_t)(t + 1) / (size_t)nt;
+    *lo = b0 * ZF_BLOCK < n ? b0 * ZF_BLOCK : n;
+    *hi = b1 * ZF_BLOCK < n ? b1 * ZF_BLOCK : n;
+}
+
+static void zf_adam_all(float* p, float* m, float* v, const float* g, const float* acc,
+                        float count, size_t n, ZfAdamHyper h, int s) {
+    ZfAdamConsts c = zf_adam_consts(h, s);
+#ifdef _OPENMP
+#pragma omp parallel if (n >= ZF_MIN_PARALLEL)
+    {
+        size_t lo, hi;
+        zf_chunk(n, omp_get_thread_num(), omp_get_num_threads(), &lo, &hi);
+        zf_adam_range(p, m, v, g, acc, count, lo, hi, &c);
+    }
+#else
+    zf_adam_range(p, m, v, g, acc, count, 0, n, &c);
+#endif
+}
+
+void zf_cpu_adam_step(float* p, float* m, float* v, const float* g, size_t n,
+                      ZfAdamHyper h, int s) {
+    zf_adam_all(p, m, v, g, NULL, 1.0f, n, h, s);
+}
+
+void zf_cpu_adam_step_mean(float* p, float* m, float* v, const float* acc, int count,
+                           size_t n, ZfAdamHyper h, int s) {
+    zf_adam_all(p, m, v, NULL, acc, (float)count, n, h, s);
+}
+
+void zf_cpu_accumulate(float* acc, const float* g, size_t n) {
+    // One addition per element; the compiler vectorises this plain loop by itself.
+#ifdef _OPENMP
+#pragma omp parallel if (n >= ZF_MIN_PARALLEL)
+    {
+        size_t lo, hi;
+        zf_chunk(n, omp_get_thread_num(), omp_get_num_threads(), &lo, &hi);
+        for (size_t i = lo; i < hi; i++) acc[i] += g[i];
+    }
+#else
+    for (size_t i = 0; i < n; i++) acc[i] += g[i];
+#endif
+}
+
+// ---------------------------------------------------------------------------------------
+// Background updater
+
+typedef struct {
+    ZfJobFn fn;
+    void* arg;
+} ZfJob;
+
+struct ZfUpdater {
+    std::mutex mu;                  // guards everything below except the thread's own
+    std::condition_variable work;   // signalled: a job was queued, or stop was set
+    std::condition_variable done;   // signalled: a job finished
+    std::deque<ZfJob> queue;        // submitted, not yet started
+    long submitted = 0;             // tickets handed out so far
+    long finished = 0;              // jobs finished or skipped: ticket t is done iff t < finished
+    int error = 0;                  // first non-zero job status, sticky
+    bool stop = false;              // set by destroy once the queue should end
+    double total_ms = 0, last_ms = 0;
+    // read only by the updater thread after creation:
+    int omp_threads = 0;
+    long delay_max_us = 0;
+    uint64_t rng = 0;
+    std::thread thread;
+};
+
+// Debug delay: a random 0..max microseconds (splitmix64; only the updater thread uses it).
+static void zf_updater_random_sleep(ZfUpdater* u) {
+    if (u->delay_max_us <= 0) return;
+    uint64_t z = (u->rng += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    std::this_thread::sleep_for(std::chrono::microseconds(z % (uint64_t)(u->delay_max_us + 1)));
+}
+
+static void zf_updater_main(ZfUpdater* u) {
+#ifdef _OPENMP
+    // The thread count is per thread in OpenMP: this sets it for the team this thread
+    // starts, and leaves the main thread's setting alone.
+    if (u->omp_threads > 0) omp_set_num_threads(u->omp_threads);
+#endif
+    for (;;) {
+        ZfJob job;
+        long ticket;
+        bool skip;
+        {
+            std::unique_lock<std::mutex> lk(u->mu);
+            u->work.wait(lk, [u] { return u->stop || !u->queue.empty(); });
+            if (u->queue.empty()) return;  // stop was set and everything has run
+            job = u->queue.front();
+            u->queue.pop_front();
+            ticket = u->finished;
+            skip = u->error != 0;  // after an error the state is suspect: don't run more
+        }
+        zf_updater_random_sleep(u);
+        int status = 0;
+        double ms = 0;
+        if (!skip) {
+            auto t0 = std::chrono::steady_clock::now();
+            status = job.fn(job.arg);
+            ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+        }
+        zf_updater_random_sleep(u);
+        {
+            std::lock_guard<std::mutex> lk(u->mu);
+            if (!skip) {
+                u->total_ms += ms;
+                u->last_ms = ms;
+            }
+            if (status != 0 && u->error == 0) {
+                u->error = status;
+                fprintf(stderr, "zf_updater: job %ld failed with status %d; later jobs are skipped\n",
+                        ticket, status);
+            }
+            u->finished++;
+        }
+        u->done.notify_all();
+    }
+}
+
+ZfUpdater* zf_updater_create(int omp_threads) {
+    ZfUpdater* u = new ZfUpdater;
+    u->omp_threads = omp_threads;
+    const char* env = getenv("ZF_UPDATER_DELAY_US");
+    if (env && *env) {
+        u->delay_max_us = strtol(env, NULL, 10);
+        u->rng = (uint64_t)std::chrono::steady_clock::now().time_since_epoch().count();
+        fprintf(stderr, "zf_updater: debug delays of 0..%ld us around every job\n", u->delay_max_us);
+    }
+    try {
+        u->thread = std::thread(zf_updater_main, u);
+    } catch (...) {
+        delete u;
+        return NULL;
+    }
+    return u;
+}
+
+long zf_updater_submit(ZfUpdater* u, ZfJobFn fn, void* arg) {
+    long ticket;
+    {
+        std::lock_guard<std::mutex> lk(u->mu);
+        u->queue.push_back(ZfJob{fn, arg});
+        ticket = u->submitted++;
+    }
+    u->work.notify_one();
+    return ticket;
+}
+
+int zf_updater_wait(ZfUpdater* u, long ticket) {
+    std::unique_lock<std::mutex> lk(u->mu);
+    if (ticket >= u->submitted) {
+        // It would never finish: a bug in the caller, so stop loudly instead of hanging.
+        fprintf(stderr, "zf_updater_wait: ticket %ld was never submitted (%ld so far)\n",
+                ticket, u->submitted);
+        abort();
+    }
+    u->done.wait(lk, [u, ticket] { return ticket < u->finished; });
+    return u->error;
+}
+
+int zf_updater_drain(ZfUpdater* u) {
+    std::unique_lock<std::mutex> lk(u->mu);
+    u->done.wait(lk, [u] { return u->finished == u->submitted; });
+    return u->error;
+}
+
+int zf_updater_destroy(ZfUpdater* u) {
+    if (!u) return 0;
+    {
+        std::lock_guard<std::mutex> lk(u->mu);
+        u->stop = true;
+    }
+    u->work.notify_one();
+    u->thread.join();  // the thread runs the rest of the queue before it sees stop
+    int err = u->error;
+    delete u;
+    return err;
+}
+
+double zf_updater_busy_ms(ZfUpdater* u, double* last_ms) {
+    std::lock_guard<std::mutex> lk(u->mu);
+    if (last_ms) *last_ms = u->last_ms;
+    return u->total_ms;
+}

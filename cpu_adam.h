@@ -1,0 +1,87 @@
+// cpu_adam.h: the CPU side of ZenFlow.
+//  - zf_cpu_adam_*: AdamW over flat fp32 arrays, exactly docs/zenflow_spec.md section 3.1
+//    (bitwise the same as a plain scalar loop, for any thread count).
+//  - zf_updater_*: one background thread that runs jobs in submission order (spec 4.6,
+//    "overlap on"), with a debug switch that injects random delays (spec 5).
+//
+// Build: g++ -std=c++17 -O3 -march=native -fopenmp -ffp-contract=off -c cpu_adam.cpp
+// -ffp-contract=off is required (no fused multiply-add, spec 3.1); never -ffast-math
+// (it reorders arithmetic and, when linking, sets flush-to-zero for the whole program).
+// Without -fopenmp the code still builds and runs single-threaded (used for the
+// ThreadSanitizer build, where libgomp would report false races).
+#pragma once
+#include <stddef.h>
+
+// Hyperparameters as the fp32 roundings spec 3.1 talks about. Callers that hold doubles
+// convert once, here, so every side rounds the same way.
+typedef struct {
+    float lr;            // learning rate of the step at which the update runs
+    float beta1;         // default 0.9
+    float beta2;         // default 0.95
+    float eps;           // default 1e-8
+    float weight_decay;  // 0 for vectors (spec 1); it is still applied as 0*p, see .cpp
+} ZfAdamHyper;
+
+// ---------------------------------------------------------------------------------------
+// AdamW. All arrays have n elements and must not overlap each other (p, m, v are updated
+// in place). s is the global step number, 1-based (s = t + 1). Runs an OpenMP parallel
+// region with the calling thread's OpenMP thread count; the result does not depend on it.
+
+// One AdamW step with gradient g.
+void zf_cpu_adam_step(float* p, float* m, float* v, const float* g, size_t n,
+                      ZfAdamHyper h, int s);
+
+// One AdamW step with the window mean G = A / count as the gradient (spec 4.6):
+// g[i] = acc[i] / (float)count, one true fp32 division per element (not a multiplication
+// by 1/count, which rounds differently). count >= 1 and exactly representable (< 2^24).
+void zf_cpu_adam_step_mean(float* p, float* m, float* v, const float* acc, int count,
+                           size_t n, ZfAdamHyper h, int s);
+
+// acc[i] += g[i] (spec 4.4). One fp32 addition per element, so the sum over a window is
+// the same sequence of roundings on every side.
+void zf_cpu_accumulate(float* acc, const float* g, size_t n);
+
+// ---------------------------------------------------------------------------------------
+// Background updater: one thread that runs submitted jobs one at a time, in submission
+// order. Determinism (spec 5) is the caller's part: a job may only read buffers that
+// nobody writes until the caller has waited for that job's ticket.
+//
+// Errors: a job returns 0 on success or a non-zero error code. The first non-zero code
+// sticks: later jobs are not run (they would work on state that is already wrong), and
+// every later zf_updater_wait / zf_updater_drain / zf_updater_destroy returns that code.
+// The failure is also printed to stderr when it happens, so it cannot go unnoticed.
+//
+// OpenMP: a job may call zf_cpu_adam_step; its parallel region runs on a team of the
+// updater thread, separate from any team of the main thread (libgomp keeps one thread
+// pool per thread that starts a parallel region). omp_threads sets that team's size.
+//
+// Debug: if the environment variable ZF_UPDATER_DELAY_US=<max> is set when the updater is
+// created, the thread sleeps a random 0..max microseconds before and after every job
+// (seeded from the clock). Results must not change; the determinism tests use this.
+
+typedef int (*ZfJobFn)(void* arg);
+typedef struct ZfUpdater ZfUpdater;
+
+// omp_threads: OpenMP threads for parallel regions run by jobs; 0 = the OpenMP default
+// (OMP_NUM_THREADS or all cores). Returns NULL if the thread cannot be started.
+ZfUpdater* zf_updater_create(int omp_threads);
+
+// Queue fn(arg). Returns its ticket: 0 for the first job, then 1, 2, ...
+long zf_updater_submit(ZfUpdater* u, ZfJobFn fn, void* arg);
+
+// Block until the job with this ticket (and so every earlier one) has finished or been
+// skipped. Returns 0, or the first error of any job finished so far. A negative ticket
+// ("no job yet") returns at once; a ticket never handed out aborts (it would hang).
+// Not to be called from inside a job (that would wait for itself).
+int zf_updater_wait(ZfUpdater* u, long ticket);
+
+// Block until every submitted job has finished. Returns 0 or the first error.
+int zf_updater_drain(ZfUpdater* u);
+
+// Drain (pending jobs still run), stop and join the thread, free. Returns 0 or the first
+// error, so an error is reported even if nobody waited after it. u may be NULL.
+int zf_updater_destroy(ZfUpdater* u);
+
+// Time spent inside jobs (not counting debug delays), in milliseconds: the total over all
+// finished jobs; *last_ms (if not NULL) gets the duration of the most recent finished job.
+double zf_updater_busy_ms(ZfUpdater* u, double* last_ms);

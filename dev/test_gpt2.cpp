@@ -1,0 +1,277 @@
+/*
+Tests the CPU trainer against the PyTorch reference (scripts/gpt2_reference.py).
+
+  ./test_gpt2cpu <case dir> [<case dir> ...]
+
+Each case directory is written by scripts/make_test_refs.sh and holds:
+  model.bin   the model (llm.c v3 file)          state.bin   one batch: x, y, logits, loss, grads
+  train.bin   the token shard to train on        losses.txt  the reference loss of every step
+  case.txt    "B T steps lr wd" of the run
+
+Checks, each printed with its numbers:
+  1. logits, loss and all 16 gradient tensors of the debug batch;
+  2. the AdamW loss trajectory over `steps` steps on consecutive batches of train.bin;
+  3. the data loader on synthetic shards (order, targets, wrap-around, several shards).
+
+Tolerances (fp32 against fp32; the two sides sum in different orders, so they agree to a
+few ulps times the depth of the sums, not bitwise). Errors are "relative to the tensor":
+max |ours - ref| / max |ref|, so tiny entries of a tensor do not dominate.
+  logits 1e-5, gradients 1e-5 (relative to the tensor);
+  loss 1e-5 and every step of the trajectory 2e-5 (absolute, on losses of 4 to 11).
+What we measure is about 30x smaller for the tensors (3e-7 logits, <= 9e-7 gradients: a
+few fp32 ulps) and a few ulps of the loss (<= 4e-6 on 10.8, where one ulp is 1e-6). The
+bounds leave room for another compiler's rounding, while a real bug (a wrong constant, a
+missed term) shows up as 1e-3 or more.
+Any failure makes the exit code 1.
+*/
+#define TESTING
+#include "train_gpt2.cpp"
+
+static int g_passed = 0, g_failed = 0;
+
+static void check(int ok, const char* what) {
+    if (ok) {
+        g_passed++;
+    } else {
+        g_failed++;
+        printf("  FAIL: %s\n", what);
+    }
+}
+
+// max |a - b| and max |b| over n elements
+static void max_errors(const float* a, const float* b, size_t n, double* max_abs, double* max_ref) {
+    *max_abs = 0.0;
+    *max_ref = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - (double)b[i]);
+        if (!(d <= *max_abs)) { *max_abs = d; }  // also catches nan
+        double r = fabs((double)b[i]);
+        if (r > *max_ref) { *max_ref = r; }
+    }
+}
+
+static int compare_tensor(const char* name, const float* ours, const float* ref, size_t n,
+                          double tol) {
+    double max_abs, max_ref;
+    max_errors(ours, ref, n, &max_abs, &max_ref);
+    double rel = max_ref > 0.0 ? max_abs / max_ref : max_abs;
+    int ok = rel <= tol;  // false for nan
+    printf("  %-9s %10zu values  max|err| %.3e  max|ref| %.3e  rel %.3e  %s\n", name, n, max_abs,
+           max_ref, rel, ok ? "ok" : "FAIL");
+    char what[128];
+    snprintf(what, sizeof(what), "%s: rel error %.3e > %.0e", name, rel, tol);
+    check(ok, what);
+    return ok;
+}
+
+typedef struct {
+    int B, T, steps;
+    float lr, wd;
+} CaseSettings;
+
+static CaseSettings read_case(const char* dir) {
+    char path[4096];
+    snprintf(path, sizeof(path), "%s/case.txt", dir);
+    FILE* fp = fopen_check(path, "r");
+    CaseSettings s;
+    if (fscanf(fp, "%d %d %d %f %f", &s.B, &s.T, &s.steps, &s.lr, &s.wd) != 5) {
+        zf_fail("%s: expected 'B T steps lr wd'", path);
+    }
+    fclose(fp);
+    return s;
+}
+
+// reads the reference losses: lines "<t> <loss>", '#' lines are comments
+static int read_losses(const char* path, float* losses, int max_steps) {
+    FILE* fp = fopen_check(path, "r");
+    char line[1024];
+    int n = 0;
+    while (fgets(line, sizeof(line), fp) != NULL) {
+        if (line[0] == '#' || line[0] == '\n') { continue; }
+        int t;
+        double loss;
+        if (sscanf(line, "%d %lf", &t, &loss) != 2 || t != n || n >= max_steps) {
+            zf_fail("%s: bad line '%s' (expected step %d)", path, line, n);
+        }
+        losses[n++] = (float)loss;
+    }
+    fclose(fp);
+    return n;
+}
+
+static void test_case(const char* dir) {
+    char path[4096];
+    CaseSettings s = read_case(dir);
+    printf("== case %s (B=%d T=%d, %d steps, lr %g, wd %g)\n", dir, s.B, s.T, s.steps, s.lr, s.wd);
+    snprintf(path, sizeof(path), "%s/model.bin", dir);
+    GPT2 model;
+    gpt2_build(&model, path, 0);
+    const GPT2Config* c = &model.config;
+    printf("  model L=%d C=%d NH=%d V=%d Vp=%d maxT=%d, %zu parameters\n", c->num_layers,
+           c->channels, c->num_heads, c->vocab_size, c->padded_vocab_size, c->max_seq_len,
+           model.num_parameters);
+
+    // 1. one batch: logits, loss, gradients
+    snprintf(path, sizeof(path), "%s/state.bin", dir);
+    GPT2DebugState st = gpt2_read_debug_state(path, c);
+    int B = st.B, T = st.T, V = c->vocab_size, Vp = c->padded_vocab_size;
+    gpt2_forward(&model, st.inputs, st.targets, B, T);
+    float* logits = (float*)malloc_check((size_t)B * T * V * sizeof(float));
+    for (size_t bt = 0; bt < (size_t)B * T; bt++) {  // drop the padded columns
+        memcpy(logits + bt * V, model.acts.logits + bt * Vp, V * sizeof(float));
+    }
+    compare_tensor("logits", logits, st.logits, (size_t)B * T * V, 1e-5);
+    double dloss = fabs((double)model.mean_loss - st.loss);
+    printf("  loss      ours %.7f  ref %.7f  |err| %.3e  %s\n", model.mean_loss, st.loss, dloss,
+           dloss <= 1e-5 ? "ok" : "FAIL");
+    check(dloss <= 1e-5, "loss differs by more than 1e-5");
+    gpt2_zero_grad(&model);
+    gpt2_backward(&model, B, T);
+    size_t sizes[NUM_PARAMETER_TENSORS], offset = 0;
+    gpt2_param_sizes(c, sizes);
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+        compare_tensor(gpt2_tensor_names[i], model.grads_memory + offset, st.grads + offset,
+                       sizes[i], 1e-5);
+        offset += sizes[i];
+    }
+    free(logits);
+    gpt2_free_debug_state(&st);
+
+    // 2. the AdamW trajectory on consecutive batches
+    float* ref = (float*)malloc_check((size_t)s.steps * sizeof(float));
+    snprintf(path, sizeof(path), "%s/losses.txt", dir);
+    int n = read_losses(path, ref, s.steps);
+    check(n == s.steps, "losses.txt has fewer steps than case.txt says");
+    snprintf(path, sizeof(path), "%s/train.bin", dir);
+    DataLoader loader;
+    dataloader_init(&loader, path, s.B, s.T, V);
+    // plain AdamW is ZenFlow's adamw mode (k = 1: the "GPU" owns every column)
+    ZfConfig adamw = zf_default_config();
+    adamw.mode = ZF_MODE_ADAMW;
+    ZenFlow zf;
+    CpuDevice device;
+    zenflow_cpu_init(&zf, &device, &model, adamw);
+    ZfAdamHyper hyper = {s.lr, 0.9f, 0.95f, 1e-8f, s.wd};
+    double worst = 0.0;
+    for (int t = 0; t < n; t++) {
+        dataloader_next_batch(&loader);
+        gpt2_forward(&model, loader.inputs, loader.targets, s.B, s.T);
+        gpt2_zero_grad(&model);
+        gpt2_backward(&model, s.B, s.T);
+        zf_step(&zf, t, hyper);
+        double err = fabs((double)model.mean_loss - ref[t]);
+        if (!(err <= worst)) { worst = err; }
+        printf("  step %2d  loss ours %.6f  ref %.6f  |err| %.2e\n", t, model.mean_loss, ref[t], err);
+    }
+    printf("  trajectory: %d steps, max |err| %.3e  %s\n", n, worst, worst <= 2e-5 ? "ok" : "FAIL");
+    check(worst <= 2e-5, "loss trajectory differs by more than 2e-5");
+    free(ref);
+    zenflow_cpu_free(&zf, &device);
+    dataloader_free(&loader);
+    gpt2_free(&model);
+}
+
+// ----------------------------------------------------------------------------
+// data loader on synthetic shards
+
+static void write_shard(const char* path, const uint16_t* tokens, int n) {
+    int header[256] = {0};
+    header[0] = SHARD_MAGIC;
+    header[1] = SHARD_VERSION;
+    header[2] = n;
+    FILE* fp = fopen_check(path, "wb");
+    fwrite_check(header, sizeof(int), 256, fp, path);
+    fwrite_check(tokens, sizeof(uint16_t), n, fp, path);
+    fclose(fp);
+}
+
+static void test_dataloader(void) {
+    printf("== data loader on synthetic shards\n");
+    char dir[] = "/tmp/zf_loader_XXXXXX";
+    if (mkdtemp(dir) == NULL) { zf_fail("mkdtemp failed"); }
+    char a[4200], b[4200], pattern[4200];
+    snprintf(a, sizeof(a), "%s/shard_000.bin", dir);
+    snprintf(b, sizeof(b), "%s/shard_001.bin", dir);
+    snprintf(pattern, sizeof(pattern), "%s/shard_*.bin", dir);
+    // shard a holds 0..24, shard b holds 100..116: token = its own position + offset
+    uint16_t ta[25], tb[17];
+    for (int i = 0; i < 25; i++) { ta[i] = (uint16_t)i; }
+    for (int i = 0; i < 17; i++) { tb[i] = (uint16_t)(100 + i); }
+    write_shard(b, tb, 17);  // written first: order must come from the names, not the disk
+    write_shard(a, ta, 25);
+    DataLoader loader;
+    const int B = 2, T = 4;  // 8 tokens a batch, 9 read
+    dataloader_init(&loader, pattern, B, T, 200);
+    // expected first inputs of consecutive batches: a at 0, 8, (16+9 > 25: next shard) b at 0,
+    // (8+9 = 17 fits) b at 8, then wrap to a at 0
+    int expected_first[5] = {0, 8, 16, 100, 108};
+    int ok = 1;
+    for (int k = 0; k < 5; k++) {
+        dataloader_next_batch(&loader);
+        for (int i = 0; i < B * T; i++) {
+            int want = expected_first[k] + i;
+            if (loader.inputs[i] != want || loader.targets[i] != want + 1) { ok = 0; }
+        }
+        printf("  batch %d starts at token %d (want %d)\n", k, loader.inputs[0], expected_first[k]);
+    }
+    dataloader_next_batch(&loader);
+    ok = ok && loader.inputs[0] == 0;
+    printf("  batch 5 wraps to token %d (want 0)\n", loader.inputs[0]);
+    dataloader_reset(&loader);
+    dataloader_next_batch(&loader);
+    ok = ok && loader.inputs[0] == 0 && loader.targets[B * T - 1] == B * T;
+    printf("  after reset: starts at %d (want 0)  %s\n", loader.inputs[0], ok ? "ok" : "FAIL");
+    check(ok, "data loader batches are not the documented walk");
+    dataloader_free(&loader);
+    remove(a);
+    remove(b);
+    rmdir(dir);
+}
+
+// the CPU kernels must not depend on the thread count (the trainer's determinism promise)
+static void test_thread_independence(const char* dir) {
+    printf("== bitwise independence of the thread count\n");
+    char path[4096];
+    snprintf(path, sizeof(path), "%s/model.bin", dir);
+    GPT2 model;
+    gpt2_build(&model, path, 0);
+    snprintf(path, sizeof(path), "%s/state.bin", dir);
+    GPT2DebugState st = gpt2_read_debug_state(path, &model.config);
+    float* first = (float*)malloc_check(model.num_parameters * sizeof(float));
+    float loss1 = 0.0f;
+    int max_threads = omp_get_max_threads(), ok = 1;
+    for (int threads = 1; threads <= 3; threads++) {
+        omp_set_num_threads(threads);
+        gpt2_forward(&model, st.inputs, st.targets, st.B, st.T);
+        gpt2_zero_grad(&model);
+        gpt2_backward(&model, st.B, st.T);
+        if (threads == 1) {
+            memcpy(first, model.grads_memory, model.num_parameters * sizeof(float));
+            loss1 = model.mean_loss;
+        } else {
+            int same = memcmp(first, model.grads_memory, model.num_parameters * sizeof(float)) == 0 &&
+                       loss1 == model.mean_loss;
+            printf("  %d threads vs 1: loss and gradients %s\n", threads,
+                   same ? "bitwise equal" : "DIFFER");
+            ok = ok && same;
+        }
+    }
+    omp_set_num_threads(max_threads);
+    check(ok, "results depend on the number of threads");
+    free(first);
+    gpt2_free_debug_state(&st);
+    gpt2_free(&model);
+}
+
+int main(int argc, char* argv[]) {
+    if (argc < 2) {
+        fprintf(stderr, "usage: %s <case dir> [<case dir> ...] (see scripts/make_test_refs.sh)\n",
+                argv[0]);
+        return 2;
+    }
+    test_dataloader();
+    for (int i = 1; i < argc; i++) { test_case(argv[i]); }
+    test_thread_independence(argv[1]);
+    printf("test_gpt2cpu: %d passed, %d failed\n", g_passed, g_failed);
+    return g_failed == 0 ? 0 : 1;
+}

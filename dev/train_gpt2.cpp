@@ -1,0 +1,1011 @@
+/*
+GPT-2 training on the CPU: the reference trainer (C++17 + OpenMP).
+
+This is the analogue of llm.c's train_gpt2.c. It is the oracle the CUDA trainer is checked
+against, so it favours clarity and exact, deterministic arithmetic over speed:
+- every output element is computed by one thread in a fixed order, so results do not
+  depend on the number of OpenMP threads (bitwise);
+- it is built with -ffp-contract=off (no fused multiply-add), like the optimizer, so the
+  AdamW step is bitwise the one in docs/zenflow_spec.md section 3.1.
+
+Layout conventions (as in llm.c): B batch, T time, C channels, NH heads, hs = C/NH head
+size, L layers, V vocabulary, Vp padded vocabulary. All parameters live in one buffer
+(llmc/gpt2_file.h), gradients mirror it, and the activations live in a second buffer.
+
+The optimizer is not here: the step ends by handing the gradients to ZenFlow's
+orchestration (zenflow_cpu.h) or, for plain AdamW, to cpu_adam.cpp.
+*/
+#include <math.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "../cpu_adam.h"
+#include "../zenflow.h"
+#include "../llmc/dataloader.h"
+#include "../llmc/gpt2_file.h"
+#include "../llmc/tokenizer.h"
+#include "../llmc/utils.h"
+
+// ----------------------------------------------------------------------------
+// forward and backward passes of each layer type
+
+// out[b,t,:] = wte[inp[b,t],:] + wpe[t,:]
+void encoder_forward(float* out,                          // (B, T, C)
+                     const int* inp,                      // (B, T)
+                     const float* wte, const float* wpe,  // (Vp, C), (maxT, C)
+                     int B, int T, int C) {
+    for (int b = 0; b < B; b++) {
+        for (int t = 0; t < T; t++) {
+            float* o = out + ((size_t)b * T + t) * C;
+            const float* we = wte + (size_t)inp[b * T + t] * C;
+            const float* pe = wpe + (size_t)t * C;
+            for (int c = 0; c < C; c++) { o[c] = we[c] + pe[c]; }
+        }
+    }
+}
+
+// serial on purpose: two positions may hold the same token, and a fixed order keeps the
+// sum deterministic
+void encoder_backward(float* dwte, float* dwpe,  // (Vp, C), (maxT, C)
+                      const float* dout,         // (B, T, C)
+                      const int* inp, int B, int T, int C) {
+    for (int b = 0; b < B; b++) {
+        for (int t = 0; t < T; t++) {
+            const float* d = dout + ((size_t)b * T + t) * C;
+            float* dwe = dwte + (size_t)inp[b * T + t] * C;
+            float* dpe = dwpe + (size_t)t * C;
+            for (int c = 0; c < C; c++) {
+                dwe[c] += d[c];
+                dpe[c] += d[c];
+            }
+        }
+    }
+}
+
+// normalizes each (b,t) row over C, then scales and shifts; keeps mean and 1/std for backward
+void layernorm_forward(float* out, float* mean, float* rstd,  // (B,T,C), (B,T), (B,T)
+                       const float* inp,                      // (B, T, C)
+                       const float* weight, const float* bias, int B, int T, int C) {
+    const float eps = 1e-5f;
+#pragma omp parallel for
+    for (int bt = 0; bt < B * T; bt++) {
+        const float* x = inp + (size_t)bt * C;
+        float m = 0.0f;
+        for (int c = 0; c < C; c++) { m += x[c]; }
+        m = m / C;
+        float var = 0.0f;
+        for (int c = 0; c < C; c++) {
+            float diff = x[c] - m;
+            var += diff * diff;
+        }
+        var = var / C;
+        float s = 1.0f / sqrtf(var + eps);
+        float* o = out + (size_t)bt * C;
+        for (int c = 0; c < C; c++) { o[c] = (x[c] - m) * s * weight[c] + bias[c]; }
+        mean[bt] = m;
+        rstd[bt] = s;
+    }
+}
+
+void layernorm_backward(float* dinp, float* dweight, float* dbias,  // (B,T,C), (C), (C)
+                        const float* dout, const float* inp,        // (B,T,C), (B,T,C)
+                        const float* weight, const float* mean, const float* rstd,  // (C), (B,T)
+                        int B, int T, int C) {
+    // input gradient, row by row:
+    // dx = rstd * (dnorm - mean(dnorm) - norm * mean(dnorm * norm)), dnorm = weight * dout
+#pragma omp parallel for
+    for (int bt = 0; bt < B * T; bt++) {
+        const float* d = dout + (size_t)bt * C;
+        const float* x = inp + (size_t)bt * C;
+        float m = mean[bt], s = rstd[bt];
+        float dnorm_mean = 0.0f, dnorm_norm_mean = 0.0f;
+        for (int c = 0; c < C; c++) {
+            float norm = (x[c] - m) * s;
+            float dnorm = weight[c] * d[c];
+            dnorm_mean += dnorm;
+            dnorm_norm_mean += dnorm * norm;
+        }
+        dnorm_mean = dnorm_mean / C;
+        dnorm_norm_mean = dnorm_norm_mean / C;
+        float* dx = dinp + (size_t)bt * C;
+        for (int c = 0; c < C; c++) {
+            float norm = (x[c] - m) * s;
+            float dnorm = weight[c] * d[c];
+            dx[c] += (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s;
+        }
+    }
+    // parameter gradients: sums over all rows, in row order
+    for (int bt = 0; bt < B * T; bt++) {
+        const float* d = dout + (size_t)bt * C;
+        const float* x = inp + (size_t)bt * C;
+        float m = mean[bt], s = rstd[bt];
+        for (int c = 0; c < C; c++) {
+            dbias[c] += d[c];
+            dweight[c] += (x[c] - m) * s * d[c];
+        }
+    }
+}
+
+// out = inp @ weight^T + bias, i.e. out[r,o] = sum_i inp[r,i] * weight[o,i] + bias[o].
+// Rows are processed in blocks of 8 so each weight row is read once per block, not per row.
+void matmul_forward(float* out,                                // (B, T, OC)
+                    const float* inp,                          // (B, T, C)
+                    const float* weight, const float* bias,    // (OC, C), (OC) or NULL
+                    int B, int T, int C, int OC) {
+    const int R = B * T;
+#pragma omp parallel for schedule(static)
+    for (int r0 = 0; r0 < R; r0 += 8) {
+        int nr = R - r0 < 8 ? R - r0 : 8;
+        const float* x = inp + (size_t)r0 * C;
+        for (int o = 0; o < OC; o++) {
+            const float* w = weight + (size_t)o * C;
+            float acc[8] = {0};
+            if (nr == 8) {
+                float s0 = 0, s1 = 0, s2 = 0, s3 = 0, s4 = 0, s5 = 0, s6 = 0, s7 = 0;
+#pragma omp simd reduction(+ : s0, s1, s2, s3, s4, s5, s6, s7)
+                for (int i = 0; i < C; i++) {
+                    s0 += x[i] * w[i];
+                    s1 += x[C + i] * w[i];
+                    s2 += x[2 * C + i] * w[i];
+                    s3 += x[3 * C + i] * w[i];
+                    s4 += x[4 * C + i] * w[i];
+                    s5 += x[5 * C + i] * w[i];
+                    s6 += x[6 * C + i] * w[i];
+                    s7 += x[7 * C + i] * w[i];
+                }
+                acc[0] = s0; acc[1] = s1; acc[2] = s2; acc[3] = s3;
+                acc[4] = s4; acc[5] = s5; acc[6] = s6; acc[7] = s7;
+            } else {
+                for (int r = 0; r < nr; r++) {
+                    float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+                    for (int i = 0; i < C; i++) { s += x[(size_t)r * C + i] * w[i]; }
+                    acc[r] = s;
+                }
+            }
+            for (int r = 0; r < nr; r++) {
+                out[(size_t)(r0 + r) * OC + o] = acc[r] + (bias != NULL ? bias[o] : 0.0f);
+            }
+        }
+    }
+}
+
+void matmul_backward(float* dinp, float* dweight, float* dbias,  // (B,T,C), (OC,C), (OC)|NULL
+                     const float* dout, const float* inp,        // (B,T,OC), (B,T,C)
+                     const float* weight,                        // (OC, C)
+                     int B, int T, int C, int OC) {
+    const int R = B * T;
+    // dinp[r,:] += sum_o dout[r,o] * weight[o,:]   (rows in blocks of 8, o in order)
+#pragma omp parallel for schedule(static)
+    for (int r0 = 0; r0 < R; r0 += 8) {
+        int nr = R - r0 < 8 ? R - r0 : 8;
+        for (int o = 0; o < OC; o++) {
+            const float* w = weight + (size_t)o * C;
+            for (int r = 0; r < nr; r++) {
+                float d = dout[(size_t)(r0 + r) * OC + o];
+                float* dx = dinp + (size_t)(r0 + r) * C;
+#pragma omp simd
+                for (int i = 0; i < C; i++) { dx[i] += d * w[i]; }
+            }
+        }
+    }
+    // dweight[o,:] += sum_r dout[r,o] * inp[r,:]   (o in blocks of 8, r in order)
+#pragma omp parallel for schedule(static)
+    for (int o0 = 0; o0 < OC; o0 += 8) {
+        int no = OC - o0 < 8 ? OC - o0 : 8;
+        for (int r = 0; r < R; r++) {
+            const float* x = inp + (size_t)r * C;
+            const float* d = dout + (size_t)r * OC + o0;
+            for (int j = 0; j < no; j++) {
+                float* dw = dweight + (size_t)(o0 + j) * C;
+#pragma omp simd
+                for (int i = 0; i < C; i++) { dw[i] += d[j] * x[i]; }
+            }
+        }
+        if (dbias != NULL) {
+            for (int j = 0; j < no; j++) {
+                float s = 0.0f;
+                for (int r = 0; r < R; r++) { s += dout[(size_t)r * OC + o0 + j]; }
+                dbias[o0 + j] += s;
+            }
+        }
+    }
+}
+
+// causal multi-head self-attention. qkv holds q, k, v side by side for each position.
+// preatt = q.k / sqrt(hs) for t2 <= t; att = softmax(preatt); out = att @ v
+void attention_forward(float* out, float* preatt, float* att,  // (B,T,C), (B,NH,T,T) x2
+                       const float* qkv,                       // (B, T, 3C)
+                       int B, int T, int C, int NH) {
+    const int C3 = 3 * C, hs = C / NH;
+    const float scale = 1.0f / sqrtf((float)hs);
+#pragma omp parallel for collapse(3)
+    for (int b = 0; b < B; b++) {
+        for (int t = 0; t < T; t++) {
+            for (int h = 0; h < NH; h++) {
+                const float* q = qkv + ((size_t)b * T + t) * C3 + h * hs;
+                float* pre = preatt + (((size_t)b * NH + h) * T + t) * T;
+                float* a = att + (((size_t)b * NH + h) * T + t) * T;
+                float maxval = -INFINITY;
+                for (int t2 = 0; t2 <= t; t2++) {
+                    const float* k = qkv + ((size_t)b * T + t2) * C3 + h * hs + C;
+                    float s = 0.0f;
+                    for (int i = 0; i < hs; i++) { s += q[i] * k[i]; }
+                    s = s * scale;
+                    pre[t2] = s;
+                    if (s > maxval) { maxval = s; }
+                }
+                float sum = 0.0f;
+                for (int t2 = 0; t2 <= t; t2++) {
+                    float e = expf(pre[t2] - maxval);
+                    a[t2] = e;
+                    sum += e;
+                }
+                float inv = 1.0f / sum;
+                for (int t2 = 0; t2 < T; t2++) { a[t2] = t2 <= t ? a[t2] * inv : 0.0f; }
+                float* o = out + ((size_t)b * T + t) * C + h * hs;
+                for (int i = 0; i < hs; i++) { o[i] = 0.0f; }
+                for (int t2 = 0; t2 <= t; t2++) {
+                    const float* v = qkv + ((size_t)b * T + t2) * C3 + h * hs + 2 * C;
+                    for (int i = 0; i < hs; i++) { o[i] += a[t2] * v[i]; }
+                }
+            }
+        }
+    }
+}
+
+// one thread per (b, h): dk and dv of a head collect from every t, so a head is never split
+void attention_backward(float* dqkv, float* dpreatt, float* datt,  // (B,T,3C), (B,NH,T,T) x2
+                        const float* dout, const float* qkv, const float* att,
+                        int B, int T, int C, int NH) {
+    const int C3 = 3 * C, hs = C / NH;
+    const float scale = 1.0f / sqrtf((float)hs);
+#pragma omp parallel for collapse(2)
+    for (int b = 0; b < B; b++) {
+        for (int h = 0; h < NH; h++) {
+            for (int t = 0; t < T; t++) {
+                const float* a = att + (((size_t)b * NH + h) * T + t) * T;
+                float* da = datt + (((size_t)b * NH + h) * T + t) * T;
+                float* dpre = dpreatt + (((size_t)b * NH + h) * T + t) * T;
+                const float* d = dout + ((size_t)b * T + t) * C + h * hs;
+                // out = att @ v
+                for (int t2 = 0; t2 <= t; t2++) {
+                    const float* v = qkv + ((size_t)b * T + t2) * C3 + h * hs + 2 * C;
+                    float* dv = dqkv + ((size_t)b * T + t2) * C3 + h * hs + 2 * C;
+                    float s = 0.0f;
+                    for (int i = 0; i < hs; i++) {
+                        s += v[i] * d[i];
+                        dv[i] += a[t2] * d[i];
+                    }
+                    da[t2] += s;
+                }
+                // softmax: dpre = att * (datt - sum(att * datt))
+                float dot = 0.0f;
+                for (int t2 = 0; t2 <= t; t2++) { dot += a[t2] * da[t2]; }
+                for (int t2 = 0; t2 <= t; t2++) { dpre[t2] += a[t2] * (da[t2] - dot); }
+                // preatt = q.k * scale
+                const float* q = qkv + ((size_t)b * T + t) * C3 + h * hs;
+                float* dq = dqkv + ((size_t)b * T + t) * C3 + h * hs;
+                for (int t2 = 0; t2 <= t; t2++) {
+                    const float* k = qkv + ((size_t)b * T + t2) * C3 + h * hs + C;
+                    float* dk = dqkv + ((size_t)b * T + t2) * C3 + h * hs + C;
+                    float g = dpre[t2] * scale;
+                    for (int i = 0; i < hs; i++) {
+                        dq[i] += k[i] * g;
+                        dk[i] += q[i] * g;
+                    }
+                }
+            }
+        }
+    }
+}
+
+// GELU, tanh approximation (as GPT-2): 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+#define GELU_SCALE 0.7978845608028654f  // sqrt(2/pi)
+
+void gelu_forward(float* out, const float* inp, size_t N) {
+#pragma omp parallel for
+    for (size_t i = 0; i < N; i++) {
+        float x = inp[i];
+        float cube = 0.044715f * x * x * x;
+        out[i] = 0.5f * x * (1.0f + tanhf(GELU_SCALE * (x + cube)));
+    }
+}
+
+void gelu_backward(float* dinp, const float* inp, const float* dout, size_t N) {
+#pragma omp parallel for
+    for (size_t i = 0; i < N; i++) {
+        float x = inp[i];
+        float cube = 0.044715f * x * x * x;
+        float th = tanhf(GELU_SCALE * (x + cube));
+        float sech2 = 1.0f - th * th;
+        float grad = 0.5f * (1.0f + th) +
+                     0.5f * x * sech2 * GELU_SCALE * (1.0f + 3.0f * 0.044715f * x * x);
+        dinp[i] += grad * dout[i];
+    }
+}
+
+void residual_forward(float* out, const float* a, const float* b, size_t N) {
+#pragma omp parallel for
+    for (size_t i = 0; i < N; i++) { out[i] = a[i] + b[i]; }
+}
+
+void residual_backward(float* da, float* db, const float* dout, size_t N) {
+#pragma omp parallel for
+    for (size_t i = 0; i < N; i++) {
+        da[i] += dout[i];
+        db[i] += dout[i];
+    }
+}
+
+// softmax over the first V of Vp logits (the padded ones are not part of the vocabulary),
+// then the loss -log p[target] of each position
+void softmax_crossentropy_forward(float* probs, float* losses,  // (B,T,Vp), (B,T)
+                                  const float* logits, const int* targets,  // (B,T,Vp), (B,T)
+                                  int B, int T, int V, int Vp) {
+#pragma omp parallel for
+    for (int bt = 0; bt < B * T; bt++) {
+        const float* x = logits + (size_t)bt * Vp;
+        float* p = probs + (size_t)bt * Vp;
+        float maxval = -INFINITY;
+        for (int i = 0; i < V; i++) { maxval = x[i] > maxval ? x[i] : maxval; }
+        float sum = 0.0f;
+        for (int i = 0; i < V; i++) {
+            p[i] = expf(x[i] - maxval);
+            sum += p[i];
+        }
+        for (int i = 0; i < V; i++) { p[i] = p[i] / sum; }
+        for (int i = V; i < Vp; i++) { p[i] = 0.0f; }
+        if (targets != NULL) { losses[bt] = -logf(p[targets[bt]]); }
+    }
+}
+
+// d(mean loss)/dlogits = (probs - onehot(target)) / (B*T); zero on the padded columns
+void softmax_crossentropy_backward(float* dlogits,                        // (B, T, Vp)
+                                   const float* probs, const int* targets,  // (B,T,Vp), (B,T)
+                                   int B, int T, int V, int Vp) {
+    const float dloss = 1.0f / (B * T);
+#pragma omp parallel for
+    for (int bt = 0; bt < B * T; bt++) {
+        float* d = dlogits + (size_t)bt * Vp;
+        const float* p = probs + (size_t)bt * Vp;
+        for (int i = 0; i < V; i++) {
+            float indicator = i == targets[bt] ? 1.0f : 0.0f;
+            d[i] = (p[i] - indicator) * dloss;
+        }
+        for (int i = V; i < Vp; i++) { d[i] = 0.0f; }
+    }
+}
+
+// ----------------------------------------------------------------------------
+// the model: parameters, gradients, activations
+
+typedef struct {
+    float* wte;       // (Vp, C)
+    float* wpe;       // (maxT, C)
+    float* ln1w;      // (L, C)
+    float* ln1b;      // (L, C)
+    float* qkvw;      // (L, 3C, C)
+    float* qkvb;      // (L, 3C)
+    float* attprojw;  // (L, C, C)
+    float* attprojb;  // (L, C)
+    float* ln2w;      // (L, C)
+    float* ln2b;      // (L, C)
+    float* fcw;       // (L, 4C, C)
+    float* fcb;       // (L, 4C)
+    float* fcprojw;   // (L, C, 4C)
+    float* fcprojb;   // (L, C)
+    float* lnfw;      // (C)
+    float* lnfb;      // (C)
+} ParameterTensors;
+
+// points the 16 tensors into one buffer, in file order
+void point_parameters(ParameterTensors* p, const GPT2Config* c, float* memory) {
+    size_t sizes[NUM_PARAMETER_TENSORS];
+    gpt2_param_sizes(c, sizes);
+    float** ptrs[NUM_PARAMETER_TENSORS] = {
+        &p->wte,  &p->wpe,  &p->ln1w, &p->ln1b, &p->qkvw,    &p->qkvb,    &p->attprojw, &p->attprojb,
+        &p->ln2w, &p->ln2b, &p->fcw,  &p->fcb,  &p->fcprojw, &p->fcprojb, &p->lnfw,     &p->lnfb};
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+        *ptrs[i] = memory;
+        memory += sizes[i];
+    }
+}
+
+#define NUM_ACTIVATION_TENSORS 23
+typedef struct {
+    float* encoded;    // (B, T, C)
+    float* ln1;        // (L, B, T, C)
+    float* ln1_mean;   // (L, B, T)
+    float* ln1_rstd;   // (L, B, T)
+    float* qkv;        // (L, B, T, 3C)
+    float* atty;       // (L, B, T, C)
+    float* preatt;     // (L, B, NH, T, T)
+    float* att;        // (L, B, NH, T, T)
+    float* attproj;    // (L, B, T, C)
+    float* residual2;  // (L, B, T, C)
+    float* ln2;        // (L, B, T, C)
+    float* ln2_mean;   // (L, B, T)
+    float* ln2_rstd;   // (L, B, T)
+    float* fch;        // (L, B, T, 4C)
+    float* fch_gelu;   // (L, B, T, 4C)
+    float* fcproj;     // (L, B, T, C)
+    float* residual3;  // (L, B, T, C)
+    float* lnf;        // (B, T, C)
+    float* lnf_mean;   // (B, T)
+    float* lnf_rstd;   // (B, T)
+    float* logits;     // (B, T, Vp)
+    float* probs;      // (B, T, Vp)
+    float* losses;     // (B, T)
+} ActivationTensors;
+
+void activation_sizes(size_t sizes[NUM_ACTIVATION_TENSORS], const GPT2Config* c, int B, int T) {
+    size_t L = c->num_layers, C = c->channels, NH = c->num_heads, Vp = c->padded_vocab_size;
+    size_t BT = (size_t)B * T;
+    size_t s[NUM_ACTIVATION_TENSORS] = {
+        BT * C,      L * BT * C, L * BT,      L * BT,          L * BT * 3 * C, L * BT * C,
+        L * B * NH * T * T,      L * B * NH * T * T,           L * BT * C,     L * BT * C,
+        L * BT * C,  L * BT,     L * BT,      L * BT * 4 * C,  L * BT * 4 * C, L * BT * C,
+        L * BT * C,  BT * C,     BT,          BT,              BT * Vp,        BT * Vp,
+        BT};
+    memcpy(sizes, s, sizeof(s));
+}
+
+float* point_activations(ActivationTensors* a, const size_t sizes[NUM_ACTIVATION_TENSORS],
+                         float* memory) {
+    float** ptrs[NUM_ACTIVATION_TENSORS] = {
+        &a->encoded, &a->ln1,      &a->ln1_mean,  &a->ln1_rstd, &a->qkv,      &a->atty,
+        &a->preatt,  &a->att,      &a->attproj,   &a->residual2, &a->ln2,     &a->ln2_mean,
+        &a->ln2_rstd, &a->fch,     &a->fch_gelu,  &a->fcproj,   &a->residual3, &a->lnf,
+        &a->lnf_mean, &a->lnf_rstd, &a->logits,   &a->probs,    &a->losses};
+    for (int i = 0; i < NUM_ACTIVATION_TENSORS; i++) {
+        *ptrs[i] = memory;
+        memory += sizes[i];
+    }
+    return memory;
+}
+
+typedef struct {
+    GPT2Config config;
+    ParameterTensors params;
+    float* params_memory;
+    size_t num_parameters;
+    ParameterTensors grads;
+    float* grads_memory;
+    // activations and their gradients, allocated for the largest batch (B, T) seen
+    ActivationTensors acts, grads_acts;
+    float* acts_memory;
+    float* grads_acts_memory;
+    size_t num_activations;
+    int batch_size, seq_len;  // what the activations were allocated for
+    int* inputs;              // (B, T) of the last forward
+    int* targets;             // (B, T) of the last forward
+    float mean_loss;          // of the last forward with targets, else -1
+} GPT2;
+
+// builds the model from a model file or a spec such as "d12" (random init)
+void gpt2_build(GPT2* model, const char* spec_or_path, uint64_t seed) {
+    memset(model, 0, sizeof(*model));
+    model->params_memory = gpt2_load_or_init(spec_or_path, &model->config, seed);
+    model->num_parameters = gpt2_num_params(&model->config);
+    point_parameters(&model->params, &model->config, model->params_memory);
+    model->grads_memory = (float*)calloc_check(model->num_parameters, sizeof(float));
+    point_parameters(&model->grads, &model->config, model->grads_memory);
+    model->mean_loss = -1.0f;
+}
+
+static void gpt2_ensure_activations(GPT2* model, int B, int T) {
+    if (B * T <= model->batch_size * model->seq_len && T <= model->seq_len) { return; }
+    free(model->acts_memory);
+    free(model->grads_acts_memory);
+    free(model->inputs);
+    free(model->targets);
+    size_t sizes[NUM_ACTIVATION_TENSORS], total = 0;
+    activation_sizes(sizes, &model->config, B, T);
+    for (int i = 0; i < NUM_ACTIVATION_TENSORS; i++) { total += sizes[i]; }
+    model->num_activations = total;
+    model->acts_memory = (float*)malloc_check(total * sizeof(float));
+    model->grads_acts_memory = (float*)malloc_check(total * sizeof(float));
+    model->inputs = (int*)malloc_check((size_t)B * T * sizeof(int));
+    model->targets = (int*)malloc_check((size_t)B * T * sizeof(int));
+    model->batch_size = B;
+    model->seq_len = T;
+}
+
+// forward pass; with targets it also computes the mean loss (model->mean_loss)
+void gpt2_forward(GPT2* model, const int* inputs, const int* targets, int B, int T) {
+    const GPT2Config* cfg = &model->config;
+    const int L = cfg->num_layers, C = cfg->channels, NH = cfg->num_heads;
+    const int V = cfg->vocab_size, Vp = cfg->padded_vocab_size;
+    if (T > cfg->max_seq_len) {
+        zf_fail("sequence length T=%d exceeds the model's maxT=%d (hint: lower -t)", T,
+                cfg->max_seq_len);
+    }
+    for (int i = 0; i < B * T; i++) {
+        if (inputs[i] < 0 || inputs[i] >= V || (targets != NULL && (targets[i] < 0 || targets[i] >= V))) {
+            zf_fail("token id out of range at position %d (vocabulary %d)", i, V);
+        }
+    }
+    gpt2_ensure_activations(model, B, T);
+    // point the activations for this (B, T); the buffer is big enough for it
+    size_t sizes[NUM_ACTIVATION_TENSORS];
+    activation_sizes(sizes, cfg, B, T);
+    point_activations(&model->acts, sizes, model->acts_memory);
+    memcpy(model->inputs, inputs, (size_t)B * T * sizeof(int));
+    if (targets != NULL) { memcpy(model->targets, targets, (size_t)B * T * sizeof(int)); }
+
+    ParameterTensors p = model->params;
+    ActivationTensors a = model->acts;
+    size_t BTC = (size_t)B * T * C;
+    encoder_forward(a.encoded, inputs, p.wte, p.wpe, B, T, C);
+    for (int l = 0; l < L; l++) {
+        const float* residual = l == 0 ? a.encoded : a.residual3 + (l - 1) * BTC;
+        float* ln1 = a.ln1 + l * BTC;
+        float* qkv = a.qkv + l * BTC * 3;
+        float* atty = a.atty + l * BTC;
+        float* preatt = a.preatt + (size_t)l * B * NH * T * T;
+        float* att = a.att + (size_t)l * B * NH * T * T;
+        float* attproj = a.attproj + l * BTC;
+        float* residual2 = a.residual2 + l * BTC;
+        float* ln2 = a.ln2 + l * BTC;
+        float* fch = a.fch + l * BTC * 4;
+        float* fch_gelu = a.fch_gelu + l * BTC * 4;
+        float* fcproj = a.fcproj + l * BTC;
+        float* residual3 = a.residual3 + l * BTC;
+        size_t lbt = (size_t)l * B * T;
+        layernorm_forward(ln1, a.ln1_mean + lbt, a.ln1_rstd + lbt, residual, p.ln1w + l * C,
+                          p.ln1b + l * C, B, T, C);
+        matmul_forward(qkv, ln1, p.qkvw + (size_t)l * 3 * C * C, p.qkvb + l * 3 * C, B, T, C, 3 * C);
+        attention_forward(atty, preatt, att, qkv, B, T, C, NH);
+        matmul_forward(attproj, atty, p.attprojw + (size_t)l * C * C, p.attprojb + l * C, B, T, C, C);
+        residual_forward(residual2, residual, attproj, BTC);
+        layernorm_forward(ln2, a.ln2_mean + lbt, a.ln2_rstd + lbt, residual2, p.ln2w + l * C,
+                          p.ln2b + l * C, B, T, C);
+        matmul_forward(fch, ln2, p.fcw + (size_t)l * 4 * C * C, p.fcb + l * 4 * C, B, T, C, 4 * C);
+        gelu_forward(fch_gelu, fch, BTC * 4);
+        matmul_forward(fcproj, fch_gelu, p.fcprojw + (size_t)l * 4 * C * C, p.fcprojb + l * C, B, T,
+                       4 * C, C);
+        residual_forward(residual3, residual2, fcproj, BTC);
+    }
+    const float* last = a.residual3 + (L - 1) * BTC;  // (B, T, C)
+    layernorm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, last, p.lnfw, p.lnfb, B, T, C);
+    matmul_forward(a.logits, a.lnf, p.wte, NULL, B, T, C, Vp);  // tied output projection
+    softmax_crossentropy_forward(a.probs, a.losses, a.logits, targets, B, T, V, Vp);
+    if (targets != NULL) {
+        float sum = 0.0f;
+        for (int i = 0; i < B * T; i++) { sum += a.losses[i]; }
+        model->mean_loss = sum / (B * T);
+    } else {
+        model->mean_loss = -1.0f;
+    }
+}
+
+void gpt2_zero_grad(GPT2* model) {
+    memset(model->grads_memory, 0, model->num_parameters * sizeof(float));
+}
+
+// backward pass of the last forward (which must have had targets); ADDS into the gradients,
+// so call gpt2_zero_grad first unless accumulating
+void gpt2_backward(GPT2* model, int B, int T) {
+    if (model->mean_loss < 0.0f) { zf_fail("gpt2_backward: the forward pass had no targets"); }
+    const GPT2Config* cfg = &model->config;
+    const int L = cfg->num_layers, C = cfg->channels, NH = cfg->num_heads;
+    const int V = cfg->vocab_size, Vp = cfg->padded_vocab_size;
+    size_t sizes[NUM_ACTIVATION_TENSORS];
+    activation_sizes(sizes, cfg, B, T);
+    float* end = point_activations(&model->grads_acts, sizes, model->grads_acts_memory);
+    memset(model->grads_acts_memory, 0, (end - model->grads_acts_memory) * sizeof(float));
+
+    ParameterTensors p = model->params, g = model->grads;
+    ActivationTensors a = model->acts, da = model->grads_acts;
+    size_t BTC = (size_t)B * T * C;
+    softmax_crossentropy_backward(da.logits, a.probs, model->targets, B, T, V, Vp);
+    matmul_backward(da.lnf, g.wte, NULL, da.logits, a.lnf, p.wte, B, T, C, Vp);
+    const float* last = a.residual3 + (L - 1) * BTC;
+    float* dlast = da.residual3 + (L - 1) * BTC;
+    layernorm_backward(dlast, g.lnfw, g.lnfb, da.lnf, last, p.lnfw, a.lnf_mean, a.lnf_rstd, B, T, C);
+    for (int l = L - 1; l >= 0; l--) {
+        const float* residual = l == 0 ? a.encoded : a.residual3 + (l - 1) * BTC;
+        float* dresidual = l == 0 ? da.encoded : da.residual3 + (l - 1) * BTC;
+        size_t lbt = (size_t)l * B * T, lnh = (size_t)l * B * NH * T * T;
+        // MLP block, in reverse
+        residual_backward(da.residual2 + l * BTC, da.fcproj + l * BTC, da.residual3 + l * BTC, BTC);
+        matmul_backward(da.fch_gelu + l * BTC * 4, g.fcprojw + (size_t)l * 4 * C * C,
+                        g.fcprojb + l * C, da.fcproj + l * BTC, a.fch_gelu + l * BTC * 4,
+                        p.fcprojw + (size_t)l * 4 * C * C, B, T, 4 * C, C);
+        gelu_backward(da.fch + l * BTC * 4, a.fch + l * BTC * 4, da.fch_gelu + l * BTC * 4, BTC * 4);
+        matmul_backward(da.ln2 + l * BTC, g.fcw + (size_t)l * 4 * C * C, g.fcb + l * 4 * C,
+                        da.fch + l * BTC * 4, a.ln2 + l * BTC, p.fcw + (size_t)l * 4 * C * C, B, T,
+                        C, 4 * C);
+        layernorm_backward(da.residual2 + l * BTC, g.ln2w + l * C, g.ln2b + l * C, da.ln2 + l * BTC,
+                           a.residual2 + l * BTC, p.ln2w + l * C, a.ln2_mean + lbt,
+                           a.ln2_rstd + lbt, B, T, C);
+        // attention block, in reverse
+        residual_backward(dresidual, da.attproj + l * BTC, da.residual2 + l * BTC, BTC);
+        matmul_backward(da.atty + l * BTC, g.attprojw + (size_t)l * C * C, g.attprojb + l * C,
+                        da.attproj + l * BTC, a.atty + l * BTC, p.attprojw + (size_t)l * C * C, B,
+                        T, C, C);
+        attention_backward(da.qkv + l * BTC * 3, da.preatt + lnh, da.att + lnh, da.atty + l * BTC,
+                           a.qkv + l * BTC * 3, a.att + lnh, B, T, C, NH);
+        matmul_backward(da.ln1 + l * BTC, g.qkvw + (size_t)l * 3 * C * C, g.qkvb + l * 3 * C,
+                        da.qkv + l * BTC * 3, a.ln1 + l * BTC, p.qkvw + (size_t)l * 3 * C * C, B, T,
+                        C, 3 * C);
+        layernorm_backward(dresidual, g.ln1w + l * C, g.ln1b + l * C, da.ln1 + l * BTC, residual,
+                           p.ln1w + l * C, a.ln1_mean + lbt, a.ln1_rstd + lbt, B, T, C);
+    }
+    encoder_backward(g.wte, g.wpe, da.encoded, model->inputs, B, T, C);
+}
+
+void gpt2_free(GPT2* model) {
+    free(model->params_memory);
+    free(model->grads_memory);
+    free(model->acts_memory);
+    free(model->grads_acts_memory);
+    free(model->inputs);
+    free(model->targets);
+}
+
+// ----------------------------------------------------------------------------
+// ZenFlow's device primitives for the CPU trainer (zenflow.h calls them; the CUDA
+// trainer's versions are in zenflow.cuh). Here the "GPU" is simply the model's own
+// buffers, and the GPU-side moments are a host array in zenflow.h's packed GPU layout.
+
+typedef struct {
+    GPT2* model;
+    float* gpu_m;    // (vector_elems + gpu_capacity) vectors first, then selected columns
+    float* gpu_v;
+    float* scratch;  // (2 * largest matrix) packed p and g of one matrix's selected columns
+} CpuDevice;
+
+// packed[r * rows + o] = full[o * cols + order[r]] for the columns order[0..count)
+static void gather_columns(const float* full, const ZfMatrix* mat, const int* order, int count,
+                           float* packed) {
+    const float* w = full + mat->offset;
+    for (int o = 0; o < mat->rows; o++) {
+        for (int r = 0; r < count; r++) {
+            packed[(size_t)r * mat->rows + o] = w[(size_t)o * mat->cols + order[r]];
+        }
+    }
+}
+
+static void scatter_columns(float* full, const ZfMatrix* mat, const int* order, int count,
+                            const float* packed) {
+    float* w = full + mat->offset;
+    for (int o = 0; o < mat->rows; o++) {
+        for (int r = 0; r < count; r++) {
+            w[(size_t)o * mat->cols + order[r]] = packed[(size_t)r * mat->rows + o];
+        }
+    }
+}
+
+static void cpu_column_scores(void* ctx, const ZfMatrix* mat, float* scores) {
+    const float* g = ((CpuDevice*)ctx)->model->grads_memory + mat->offset;
+    for (int j = 0; j < mat->cols; j++) { scores[j] = 0.0f; }
+    for (int o = 0; o < mat->rows; o++) {  // rows in order: each column sums o = 0, 1, ...
+        const float* row = g + (size_t)o * mat->cols;
+        for (int j = 0; j < mat->cols; j++) { scores[j] += row[j] * row[j]; }
+    }
+}
+
+static void cpu_selection_changed(void* ctx, const ZenFlow* zf) { (void)ctx; (void)zf; }
+
+static void cpu_gpu_adam(void* ctx, const ZenFlow* zf, ZfAdamHyper h, int step) {
+    CpuDevice* dev = (CpuDevice*)ctx;
+    float *params = dev->model->params_memory, *grads = dev->model->grads_memory;
+    ZfAdamHyper vector_hyper = h;
+    vector_hyper.weight_decay = 0.0f;  // spec 1: no decay on vectors
+    size_t at = 0;
+    for (int i = 0; i < zf->num_vectors; i++) {
+        const ZfVector* vec = &zf->vectors[i];
+        zf_cpu_adam_step(params + vec->offset, dev->gpu_m + at, dev->gpu_v + at,
+                         grads + vec->offset, vec->n, vector_hyper, step);
+        at += vec->n;
+    }
+    for (int i = 0; i < zf->num_matrices; i++) {
+        const ZfMatrix* mat = &zf->matrices[i];
+        if (mat->n_sel == 0) { continue; }
+        size_t n = (size_t)mat->n_sel * mat->rows;
+        float *p = dev->scratch, *g = dev->scratch + n;
+        gather_columns(params, mat, mat->cols_by_owner, mat->n_sel, p);
+        gather_columns(grads, mat, mat->cols_by_owner, mat->n_sel, g);
+        size_t m_at = zf->vector_elems + mat->gpu_offset;
+        zf_cpu_adam_step(p, dev->gpu_m + m_at, dev->gpu_v + m_at, g, n, h, step);
+        scatter_columns(params, mat, mat->cols_by_owner, mat->n_sel, p);
+    }
+}
+
+static void cpu_grads_to_host(void* ctx, const ZenFlow* zf, float* host) {
+    const float* grads = ((CpuDevice*)ctx)->model->grads_memory;
+    for (int i = 0; i < zf->num_matrices; i++) {
+        const ZfMatrix* mat = &zf->matrices[i];
+        gather_columns(grads, mat, mat->cols_by_owner + mat->n_sel, mat->cols - mat->n_sel,
+                       host + mat->cpu_offset);
+    }
+}
+
+static void cpu_params_to_host(void* ctx, const ZenFlow* zf, float* host) {
+    const float* params = ((CpuDevice*)ctx)->model->params_memory;
+    for (int i = 0; i < zf->num_matrices; i++) {
+        const ZfMatrix* mat = &zf->matrices[i];
+        gather_columns(params, mat, mat->cols_by_owner + mat->n_sel, mat->cols - mat->n_sel,
+                       host + mat->cpu_offset);
+    }
+}
+
+static void cpu_params_from_host(void* ctx, const ZenFlow* zf, const float* host) {
+    float* params = ((CpuDevice*)ctx)->model->params_memory;
+    for (int i = 0; i < zf->num_matrices; i++) {
+        const ZfMatrix* mat = &zf->matrices[i];
+        scatter_columns(params, mat, mat->cols_by_owner + mat->n_sel, mat->cols - mat->n_sel,
+                        host + mat->cpu_offset);
+    }
+}
+
+static void cpu_moments_to_host(void* ctx, const ZenFlow* zf, float* m, float* v) {
+    CpuDevice* dev = (CpuDevice*)ctx;
+    memcpy(m, dev->gpu_m + zf->vector_elems, zf->gpu_sel_elems * sizeof(float));
+    memcpy(v, dev->gpu_v + zf->vector_elems, zf->gpu_sel_elems * sizeof(float));
+}
+
+static void cpu_moments_from_host(void* ctx, const ZenFlow* zf, const float* m, const float* v) {
+    CpuDevice* dev = (CpuDevice*)ctx;
+    memcpy(dev->gpu_m + zf->vector_elems, m, zf->gpu_sel_elems * sizeof(float));
+    memcpy(dev->gpu_v + zf->vector_elems, v, zf->gpu_sel_elems * sizeof(float));
+}
+
+// ZenFlow over the CPU trainer's model; free with zenflow_cpu_free
+void zenflow_cpu_init(ZenFlow* zf, CpuDevice* dev, GPT2* model, ZfConfig cfg) {
+    ZfBackend be = {dev,
+                    cpu_column_scores,
+                    cpu_selection_changed,
+                    cpu_gpu_adam,
+                    cpu_grads_to_host,
+                    cpu_params_to_host,
+                    cpu_params_from_host,
+                    cpu_moments_to_host,
+                    cpu_moments_from_host};
+    zf_init(zf, cfg, &model->config, be);
+    dev->model = model;
+    size_t largest = 0;
+    for (int i = 0; i < zf->num_matrices; i++) {
+        size_t n = (size_t)zf->matrices[i].rows * zf->matrices[i].cols;
+        largest = n > largest ? n : largest;
+    }
+    dev->gpu_m = (float*)calloc_check(zf->vector_elems + zf->gpu_capacity, sizeof(float));
+    dev->gpu_v = (float*)calloc_check(zf->vector_elems + zf->gpu_capacity, sizeof(float));
+    dev->scratch = (float*)malloc_check(2 * largest * sizeof(float));
+}
+
+void zenflow_cpu_free(ZenFlow* zf, CpuDevice* dev) {
+    zf_free(zf);
+    free(dev->gpu_m);
+    free(dev->gpu_v);
+    free(dev->scratch);
+}
+
+// ----------------------------------------------------------------------------
+// sampling
+
+// index drawn from the probabilities (sum to 1) with a uniform coin in [0, 1)
+int sample_mult(const float* probs, int n, float coin) {
+    float cdf = 0.0f;
+    for (int i = 0; i < n; i++) {
+        cdf += probs[i];
+        if (coin < cdf) { return i; }
+    }
+    return n - 1;  // rounding left the cdf just below 1
+}
+
+// generates `steps` tokens after <|endoftext|> and prints them
+void gpt2_sample(GPT2* model, const Tokenizer* tok, int eot, int steps, uint64_t* rng) {
+    int maxT = model->config.max_seq_len, Vp = model->config.padded_vocab_size;
+    int n = steps + 1 < maxT ? steps + 1 : maxT;
+    int* tokens = (int*)malloc_check(n * sizeof(int));
+    tokens[0] = eot;
+    printf("generating:\n---\n");
+    for (int t = 1; t < n; t++) {
+        gpt2_forward(model, tokens, NULL, 1, t);
+        const float* probs = model->acts.probs + (size_t)(t - 1) * Vp;
+        tokens[t] = sample_mult(probs, model->config.vocab_size, zf_random_f32(rng));
+        tokenizer_print(tok, tokens[t]);
+        fflush(stdout);
+    }
+    printf("\n---\n");
+    free(tokens);
+}
+
+// ----------------------------------------------------------------------------
+// main training loop
+#ifndef TESTING
+
+static void usage(void) {
+    fprintf(stderr,
+            "Usage:   ./train_gpt2cpu [options]\n"
+            "Options:\n"
+            "  -i <string> train data pattern (default data/tinyshakespeare/tiny_shakespeare_train.bin)\n"
+            "  -j <string> val data pattern (default data/tinyshakespeare/tiny_shakespeare_val.bin)\n"
+            "  -e <string> model: a .bin file, or a random init d12|d24|d36|d48|d<L>c<C>h<NH>\n"
+            "              (default d4c256h4)\n"
+            "  -k <string> tokenizer file (default data/gpt2_tokenizer.bin)\n"
+            "  -o <string> output directory for main.log and checkpoints (default none)\n"
+            "  -b <int>    batch size B (default 4)\n"
+            "  -t <int>    sequence length T (default 64)\n"
+            "  -x <int>    number of training steps (default 20)\n"
+            "  -l <float>  learning rate (default 3e-4)\n"
+            "  -c <float>  weight decay, matrices only (default 0.0)\n"
+            "  -v <int>    val loss every this many steps, 0 = never (default 20)\n"
+            "  -m <int>    val batches (default 20)\n"
+            "  -s <int>    sample every this many steps, 0 = never (default 20)\n"
+            "  -g <int>    tokens to generate (default 64)\n"
+            "  -n <int>    write a checkpoint every this many steps, 0 = never (default 0)\n"
+            "  -r <int>    random seed for init and sampling (default 1337)\n"
+            "ZenFlow (docs/zenflow_spec.md):\n"
+            "  -zo <string> optimizer mode: adamw | offload | zenflow (default zenflow)\n"
+            "  -zk <float>  topk ratio k: fraction of each matrix's columns on the GPU (default 0.1)\n"
+            "  -zu <int>    update interval U: steps per CPU window (default 4)\n"
+            "  -zs <int>    select interval S: steps between reselections, 0 = once (default 100)\n"
+            "  -zw <int>    warm-up steps W of synchronous offload (default 0)\n"
+            "  -zv <0|1>    overlap the CPU update with training (default 1)\n"
+            "  -zl <string> write every selection (columns and scores) to this file\n"
+            "  -h          this message\n");
+}
+
+int main(int argc, char* argv[]) {
+    const char* train_pattern = "data/tinyshakespeare/tiny_shakespeare_train.bin";
+    const char* val_pattern = "data/tinyshakespeare/tiny_shakespeare_val.bin";
+    const char* model_spec = "d4c256h4";
+    const char* tokenizer_path = "data/gpt2_tokenizer.bin";
+    const char* output_dir = NULL;
+    int B = 4, T = 64, steps = 20, val_every = 20, val_batches = 20, sample_every = 20;
+    int gen_tokens = 64, checkpoint_every = 0;
+    float lr = 3e-4f, weight_decay = 0.0f;
+    long seed = 1337;
+    ZfConfig zcfg = zf_default_config();
+    const char* selection_log = NULL;
+    for (int i = 1; i < argc; i += 2) {
+        const char* flag = argv[i];
+        if (strcmp(flag, "-h") == 0) { usage(); return 0; }
+        size_t len = strlen(flag);
+        if (flag[0] != '-' || len < 2 || len > 3 || (len == 3 && flag[1] != 'z')) {
+            zf_fail("unknown argument '%s' (hint: -h lists the flags)", flag);
+        }
+        if (i + 1 >= argc) { zf_fail("flag %s needs a value", flag); }
+        const char* val = argv[i + 1];
+        if (len == 3) {  // ZenFlow's flags, -z<letter>
+            switch (flag[2]) {
+                case 'o':
+                    if (strcmp(val, "adamw") == 0) { zcfg.mode = ZF_MODE_ADAMW; }
+                    else if (strcmp(val, "offload") == 0) { zcfg.mode = ZF_MODE_OFFLOAD; }
+                    else if (strcmp(val, "zenflow") == 0) { zcfg.mode = ZF_MODE_ZENFLOW; }
+                    else { zf_fail("flag -zo: '%s' is not a mode (adamw, offload or zenflow)", val); }
+                    break;
+                case 'k': zcfg.topk = zf_parse_float(flag, val, 0.0, 1.0); break;
+                case 'u': zcfg.update_interval = (int)zf_parse_int(flag, val, 1, 1 << 20); break;
+                case 's': zcfg.select_interval = (int)zf_parse_int(flag, val, 0, 1 << 30); break;
+                case 'w': zcfg.warmup = (int)zf_parse_int(flag, val, 0, 1 << 30); break;
+                case 'v': zcfg.overlap = (int)zf_parse_int(flag, val, 0, 1); break;
+                case 'l': selection_log = val; break;
+                default: zf_fail("unknown flag %s (hint: -h lists the flags)", flag);
+            }
+            continue;
+        }
+        switch (flag[1]) {
+            case 'i': train_pattern = val; break;
+            case 'j': val_pattern = val; break;
+            case 'e': model_spec = val; break;
+            case 'k': tokenizer_path = val; break;
+            case 'o': output_dir = val; break;
+            case 'b': B = (int)zf_parse_int(flag, val, 1, 1 << 16); break;
+            case 't': T = (int)zf_parse_int(flag, val, 1, 1 << 20); break;
+            case 'x': steps = (int)zf_parse_int(flag, val, 0, 1 << 30); break;
+            case 'l': lr = zf_parse_float(flag, val, 0.0, 10.0); break;
+            case 'c': weight_decay = zf_parse_float(flag, val, 0.0, 10.0); break;
+            case 'v': val_every = (int)zf_parse_int(flag, val, 0, 1 << 30); break;
+            case 'm': val_batches = (int)zf_parse_int(flag, val, 1, 1 << 20); break;
+            case 's': sample_every = (int)zf_parse_int(flag, val, 0, 1 << 30); break;
+            case 'g': gen_tokens = (int)zf_parse_int(flag, val, 1, 1 << 20); break;
+            case 'n': checkpoint_every = (int)zf_parse_int(flag, val, 0, 1 << 30); break;
+            case 'r': seed = zf_parse_int(flag, val, 0, 1L << 62); break;
+            default: zf_fail("unknown flag %s (hint: -h lists the flags)", flag);
+        }
+    }
+    if (checkpoint_every > 0 && output_dir == NULL) {
+        zf_fail("flag -n: checkpoints need an output directory (hint: add -o <dir>)");
+    }
+
+    GPT2 model;
+    gpt2_build(&model, model_spec, (uint64_t)seed);
+    const GPT2Config* cfg = &model.config;
+    if (T > cfg->max_seq_len) {
+        zf_fail("flag -t: T=%d exceeds the model's maxT=%d", T, cfg->max_seq_len);
+    }
+    printf("[GPT-2] L=%d C=%d NH=%d V=%d Vp=%d maxT=%d, %zu parameters (%.1f M)\n", cfg->num_layers,
+           cfg->channels, cfg->num_heads, cfg->vocab_size, cfg->padded_vocab_size,
+           cfg->max_seq_len, model.num_parameters, model.num_parameters / 1e6);
+    printf("[run] B=%d T=%d steps=%d lr=%g wd=%g threads=%d\n", B, T, steps, lr, weight_decay,
+           omp_get_max_threads());
+
+    DataLoader train_loader, val_loader;
+    dataloader_init(&train_loader, train_pattern, B, T, cfg->vocab_size);
+    dataloader_init(&val_loader, val_pattern, B, T, cfg->vocab_size);
+    Tokenizer tokenizer;
+    tokenizer_init(&tokenizer, tokenizer_path);
+
+    FILE* logfile = NULL;
+    if (output_dir != NULL) {
+        if (mkdir(output_dir, 0755) != 0 && errno != EEXIST) {
+            zf_fail("flag -o: cannot create directory %s: %s", output_dir, strerror(errno));
+        }
+        char path[4096];
+        snprintf(path, sizeof(path), "%s/main.log", output_dir);
+        logfile = fopen_check(path, "w");
+    }
+
+    ZenFlow zf;
+    CpuDevice device;
+    zenflow_cpu_init(&zf, &device, &model, zcfg);
+    zcfg = zf.cfg;  // as the mode sets it
+    if (selection_log != NULL) { zf.selection_log = fopen_check(selection_log, "w"); }
+    printf("[optimizer] %s: topk %g, update interval %d, select interval %d, warm-up %d, overlap "
+           "%s\n", zf_mode_names[zcfg.mode], zcfg.topk, zcfg.update_interval, zcfg.select_interval,
+           zcfg.warmup, zcfg.overlap ? "on" : "off");
+    printf("[memory] CPU side (master, m, v, 2 accumulators, staging, 2 scratch) %.1f MiB, "
+           "GPU-side moments %.1f MiB\n", 8.0 * zf.cpu_capacity * 4 / 1048576.0, 2.0 * (zf.vector_elems + zf.gpu_capacity) * 4 / 1048576.0);
+    ZfAdamHyper hyper = {lr, 0.9f, 0.95f, 1e-8f, weight_decay};
+    uint64_t rng = (uint64_t)seed * 0x9E3779B97F4A7C15ull + 7;
+
+    for (int step = 0; step <= steps; step++) {
+        int last = step == steps;
+        if (last) { zf_drain(&zf); }  // spec 4.7: what follows must see the final weights
+        if (val_every > 0 && (step % val_every == 0 || last)) {
+            dataloader_reset(&val_loader);
+            float val_loss = 0.0f;
+            for (int i = 0; i < val_batches; i++) {
+                dataloader_next_batch(&val_loader);
+                gpt2_forward(&model, val_loader.inputs, val_loader.targets, B, T);
+                val_loss += model.mean_loss;
+            }
+            val_loss /= val_batches;
+            printf("step %d/%d | val loss %f\n", step, steps, val_loss);
+            if (logfile) { fprintf(logfile, "s:%d tel:%f\n", step, val_loss); fflush(logfile); }
+        }
+        if (sample_every > 0 && step > 0 && (step % sample_every == 0 || last)) {
+            gpt2_sample(&model, &tokenizer, tokenizer.init_ok ? tokenizer.eot_token : cfg->vocab_size - 1,
+                        gen_tokens, &rng);
+        }
+        if (checkpoint_every > 0 && step > 0 && (step % checkpoint_every == 0 || last)) {
+            char path[4096];
+            snprintf(path, sizeof(path), "%s/model_%08d.bin", output_dir, step);
+            gpt2_write_model(path, cfg, model.params_memory);
+            printf("wrote %s\n", path);
+        }
+        if (last) { break; }
+
+        double t0 = zf_now_ms();
+        dataloader_next_batch(&train_loader);
+        gpt2_forward(&model, train_loader.inputs, train_loader.targets, B, T);
+        gpt2_zero_grad(&model);
+        gpt2_backward(&model, B, T);
+        zf_step(&zf, step, hyper);
+        double ms = zf_now_ms() - t0;
+        printf("step %d/%d | loss %f | %.1f ms | %.0f tok/s", step + 1, steps, model.mean_loss, ms,
+               B * T / (ms / 1e3));
+        if (zcfg.mode != ZF_MODE_ADAMW) { printf(" | cpu %.1f ms", zf.cpu_update_ms); }
+        if (zcfg.mode == ZF_MODE_ZENFLOW) { printf(" | moved %d", zf.moved_columns); }
+        printf("\n");
+        if (logfile) { fprintf(logfile, "s:%d trl:%f\n", step + 1, model.mean_loss); fflush(logfile); }
+    }
+
+    if (logfile) { fclose(logfile); }
+    if (zf.selection_log != NULL) { fclose(zf.selection_log); }
+    zenflow_cpu_free(&zf, &device);
+    tokenizer_free(&tokenizer);
+    dataloader_free(&train_loader);
+    dataloader_free(&val_loader);
+    gpt2_free(&model);
+    return 0;
+}
+#endif

@@ -1,0 +1,91 @@
+/*
+GPT-2 tokenizer, decode only (llm.c's gpt2_tokenizer.bin): enough to print samples.
+Encoding happens once, in Python, when the data is prepared (scripts/bpe.py).
+
+File: 256-int header (magic 20240328, version 2, vocab size, id of <|endoftext|>), then
+for every id a length byte and that many bytes. A token is a byte string, not necessarily
+valid UTF-8 on its own (a multi-byte character can be split across tokens).
+*/
+#ifndef LLMC_TOKENIZER_H
+#define LLMC_TOKENIZER_H
+
+#include <ctype.h>
+#include <stdint.h>
+
+#include "utils.h"
+
+#define TOKENIZER_MAGIC 20240328
+#define TOKENIZER_VERSION 2
+
+typedef struct {
+    int vocab_size;
+    int eot_token;       // <|endoftext|>
+    char** token_table;  // (vocab_size) NUL-terminated byte strings
+    int init_ok;
+} Tokenizer;
+
+// loads the tokenizer; if the file is missing, sampling prints ids instead (init_ok = 0)
+static inline void tokenizer_init(Tokenizer* tok, const char* path) {
+    memset(tok, 0, sizeof(*tok));
+    FILE* fp = fopen(path, "rb");
+    if (fp == NULL) {
+        printf("note: tokenizer %s not found, samples will be printed as token ids (hint: run "
+               "`make data`)\n", path);
+        return;
+    }
+    int header[256];
+    fread_check(header, sizeof(int), 256, fp, path);
+    if (header[0] != TOKENIZER_MAGIC) {
+        zf_fail("%s: bad magic %d, expected %d (hint: not a tokenizer file)", path, header[0],
+                TOKENIZER_MAGIC);
+    }
+    if (header[1] != TOKENIZER_VERSION) {
+        zf_fail("%s: tokenizer version %d, expected %d", path, header[1], TOKENIZER_VERSION);
+    }
+    if (header[2] < 1 || header[2] > 1 << 20 || header[3] < 0 || header[3] >= header[2]) {
+        zf_fail("%s: implausible vocab size %d / eot id %d", path, header[2], header[3]);
+    }
+    tok->vocab_size = header[2];
+    tok->eot_token = header[3];
+    tok->token_table = (char**)calloc_check((size_t)tok->vocab_size, sizeof(char*));
+    for (int i = 0; i < tok->vocab_size; i++) {
+        unsigned char length;
+        fread_check(&length, 1, 1, fp, path);
+        if (length == 0) { zf_fail("%s: token %d has length 0", path, i); }
+        tok->token_table[i] = (char*)malloc_check(length + 1);
+        fread_check(tok->token_table[i], 1, length, fp, path);
+        tok->token_table[i][length] = '\0';
+    }
+    if (fgetc(fp) != EOF) { zf_fail("%s: trailing bytes after the last token", path); }
+    fclose(fp);
+    tok->init_ok = 1;
+}
+
+static inline const char* tokenizer_decode(const Tokenizer* tok, uint32_t id) {
+    if (!tok->init_ok) { return NULL; }
+    if (id >= (uint32_t)tok->vocab_size) { return NULL; }
+    return tok->token_table[id];
+}
+
+// prints a token's bytes, skipping lone control bytes that would garble the terminal
+static inline void tokenizer_print(const Tokenizer* tok, uint32_t id) {
+    const char* piece = tokenizer_decode(tok, id);
+    if (piece == NULL) {
+        printf("<%u>", id);
+        return;
+    }
+    if (piece[1] == '\0') {
+        unsigned char byte = (unsigned char)piece[0];
+        if (!(isprint(byte) || isspace(byte) || byte >= 0x80)) { return; }
+    }
+    printf("%s", piece);
+}
+
+static inline void tokenizer_free(Tokenizer* tok) {
+    if (tok->init_ok) {
+        for (int i = 0; i < tok->vocab_size; i++) { free(tok->token_table[i]); }
+        free(tok->token_table);
+    }
+}
+
+#endif  // LLMC_TOKENIZER_H

@@ -1,0 +1,98 @@
+"""
+Tokenize tinyshakespeare with GPT-2's BPE into llm.c token shards, and write llm.c's
+GPT-2 decode tokenizer file. Outputs (under --out, default <repo>/data):
+    tinyshakespeare/tiny_shakespeare_val.bin     first 32,768 tokens
+    tinyshakespeare/tiny_shakespeare_train.bin   the remaining 305,260 tokens
+    gpt2_tokenizer.bin                           id -> bytes, for decoding samples in C
+
+The split is the one of llm.c's dev/data/tinyshakespeare.py, so the shards are
+byte-identical to llm.c's (dev/test/tokenizer_cases.json pins their sha256, computed
+with tiktoken by scripts/make_tokenizer_fixture.py). llm.c treats every paragraph of
+the dialogue as a separate document:
+    text = "<|endoftext|>" + text
+    text = text.replace("\n\n", "\n\n<|endoftext|>")
+and then encodes the whole text with <|endoftext|> allowed as a special token. As a BPE
+never merges across a special token, that is the same as: split the text on "\n\n"; for
+every section emit the eot id (50256), then the encoding of the section followed by the
+"\n\n" it was split on (the last section has none). So the token stream starts with eot,
+and each section's trailing "\n\n" sits before the next eot. The first 32,768 tokens
+(about 10%) are the validation split, the rest the training split.
+
+Inputs come from ../shared/data or are downloaded (see data_files.py), sha256-checked.
+If all outputs are newer than the inputs and these scripts, nothing is redone.
+"""
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+import bpe
+import data_files
+
+VAL_TOKENS = 32768
+
+
+def tokenize_sections(enc, text):
+    """The llm.c document split described above, as a list of token ids."""
+    sections = text.split("\n\n")
+    tokens = []
+    for i, section in enumerate(sections):
+        tokens.append(enc.eot)
+        if i < len(sections) - 1:
+            section += "\n\n"
+        tokens.extend(enc.encode_ordinary(section))
+    return tokens
+
+
+def main():
+    parser = argparse.ArgumentParser(
+        description="Tokenize tinyshakespeare into llm.c token shards and write gpt2_tokenizer.bin.")
+    parser.add_argument("--out", default=str(data_files.REPO_ROOT / "data"),
+                        help="output directory (default: <repo>/data)")
+    parser.add_argument("--data-dir", default=None,
+                        help="take the inputs only from this directory (layout of ../shared/data)")
+    parser.add_argument("--force", action="store_true", help="rebuild even if up to date")
+    args = parser.parse_args()
+
+    out = Path(args.out)
+    val_path = out / "tinyshakespeare" / "tiny_shakespeare_val.bin"
+    train_path = out / "tinyshakespeare" / "tiny_shakespeare_train.bin"
+    tok_path = out / "gpt2_tokenizer.bin"
+    outputs = [val_path, train_path, tok_path]
+
+    with data_files.exit_on_input_error():  # missing / wrong input: one line, exit 1
+        text_path = data_files.input_path("tinyshakespeare.txt", args.data_dir)
+        encoder_path = data_files.input_path("gpt2/encoder.json", args.data_dir)
+        vocab_path = data_files.input_path("gpt2/vocab.bpe", args.data_dir)
+
+    # outputs depend on the inputs and on the code that produced them
+    here = Path(__file__).resolve().parent
+    deps = [text_path, encoder_path, vocab_path,
+            here / "prepare_tinyshakespeare.py", here / "bpe.py", here / "data_files.py"]
+    if not args.force and all(p.is_file() for p in outputs):
+        oldest_output = min(p.stat().st_mtime for p in outputs)
+        if oldest_output > max(p.stat().st_mtime for p in deps):
+            print(f"up to date: {', '.join(str(p) for p in outputs)}")
+            return
+
+    t0 = time.time()
+    enc = bpe.Tokenizer(encoder_path, vocab_path)
+    # newline="" reads the bytes as they are (the file is plain ASCII with \n line ends)
+    with open(text_path, "r", encoding="utf-8", newline="") as f:
+        text = f.read()
+    tokens = tokenize_sections(enc, text)
+    val_tokens, train_tokens = tokens[:VAL_TOKENS], tokens[VAL_TOKENS:]
+
+    data_files.write_shard(val_path, val_tokens)
+    print(f"wrote {len(val_tokens):,} tokens to {val_path}")
+    data_files.write_shard(train_path, train_tokens)
+    print(f"wrote {len(train_tokens):,} tokens to {train_path}")
+    bpe.write_tokenizer_bin(enc, tok_path)
+    print(f"wrote {enc.vocab_size:,} tokens (eot {enc.eot}) to {tok_path}")
+    print(f"done in {time.time() - t0:.1f}s")
+
+
+if __name__ == "__main__":
+    main()

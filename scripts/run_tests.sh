@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Runs every test this machine can run (`make test` builds first, then calls this).
+# Each test prints its own detail; this script prints one line per test, PASS / FAIL /
+# SKIPPED with the reason, and closes with "tests: N passed, M failed, K skipped".
+# A test counts as SKIPPED only when it says so itself (its last line contains SKIPPED)
+# and exits 0, or when this script cannot run it at all (and says why).
+set -u
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-/usr/bin/python3}
+LOG_DIR=${LOG_DIR:-build/test_logs}
+mkdir -p "$LOG_DIR"
+passed=0 failed=0 skipped=0
+summary=()
+
+# run_test NAME COMMAND...: runs it, shows its output, records the verdict
+run_test() {
+    local name=$1
+    shift
+    local log="$LOG_DIR/$name.log"
+    echo "=== $name: $*"
+    local start=$SECONDS
+    "$@" > "$log" 2>&1
+    local rc=$?
+    cat "$log"
+    local last
+    last=$(grep -v '^\s*$' "$log" | tail -n 1)
+    local verdict
+    if [ $rc -eq 0 ] && [[ "$last" == *SKIPPED* ]]; then
+        verdict="SKIPPED  $name: ${last#*SKIPPED}"
+        skipped=$((skipped + 1))
+    elif [ $rc -eq 0 ]; then
+        verdict="PASS     $name ($((SECONDS - start)) s)"
+        passed=$((passed + 1))
+    else
+        verdict="FAIL     $name (exit $rc; log $log)"
+        failed=$((failed + 1))
+    fi
+    echo "--- $verdict"
+    summary+=("$verdict")
+}
+
+skip_test() {
+    echo "=== $1: SKIPPED: $2"
+    summary+=("SKIPPED  $1: $2")
+    skipped=$((skipped + 1))
+}
+
+REFS="dev/test/ref/tiny dev/test/ref/vocab"
+
+run_test tokenizer "$PYTHON" scripts/test_tokenizer.py
+run_test reference "$PYTHON" scripts/test_reference.py
+run_test test_gpt2cpu ./test_gpt2cpu $REFS
+run_test cpu_adam ./test_cpu_adam
+run_test cpu_adam_tsan ./test_cpu_adam_tsan
+run_test bad_input_cpu "$PYTHON" scripts/test_bad_input.py ./train_gpt2cpu
+
+if [ -x ./test_gpt2cu ]; then
+    # without a GPU the binary itself reports SKIPPED with the CUDA runtime's reason
+    run_test test_gpt2cu ./test_gpt2cu $REFS
+    if [ -d dev/cuda ] && [ -f dev/cuda/Makefile ]; then
+        run_test dev_cuda make -s -C dev/cuda run
+    fi
+else
+    skip_test test_gpt2cu "nvcc not found, CUDA trainer not built (install the CUDA toolkit)"
+fi
+
+echo
+echo "=== summary"
+for line in "${summary[@]}"; do echo "$line"; done
+echo "tests: $passed passed, $failed failed, $skipped skipped"
+[ $failed -eq 0 ]

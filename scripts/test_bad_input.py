@@ -1,0 +1,133 @@
+#!/usr/bin/env python3
+"""
+Bad input must fail cleanly: one line on stderr that names the file or flag and the
+problem, a non-zero exit, no crash (no signal, no sanitizer report), and nothing written.
+
+    /usr/bin/python3 scripts/test_bad_input.py ./train_gpt2cpu
+
+Each case builds its broken file in a temp directory from a good tiny model and shard,
+runs the trainer once, and checks the result. The last line is
+`bad_input: N passed, M failed`; the exit code is 1 if any case failed.
+"""
+import os
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+V = 97          # the tiny model's vocabulary
+MAX_T = 32
+
+
+def header(magic, version, *fields):
+    h = np.zeros(256, dtype="<i4")
+    h[0], h[1] = magic, version
+    for i, f in enumerate(fields):
+        h[2 + i] = f
+    return h.tobytes()
+
+
+def model_bytes(version=3, magic=20240326, L=1, C=8, NH=2, vocab=V, maxT=MAX_T):
+    Vp = (vocab + 127) // 128 * 128
+    n = Vp * C + maxT * C + L * (2 * C + 3 * C * C + 3 * C + C * C + C + 2 * C
+                                 + 4 * C * C + 4 * C + 4 * C * C + C) + 2 * C
+    rng = np.random.default_rng(0)
+    params = (rng.standard_normal(n) * 0.02).astype("<f4")
+    return header(magic, version, maxT, vocab, L, NH, C, Vp) + params.tobytes()
+
+
+def shard_bytes(tokens, magic=20240520, version=1, count=None):
+    tokens = np.asarray(tokens, dtype="<u2")
+    return header(magic, version, len(tokens) if count is None else count) + tokens.tobytes()
+
+
+def main():
+    if len(sys.argv) != 2:
+        print(__doc__)
+        return 2
+    trainer = os.path.abspath(sys.argv[1])
+    passed = failed = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        def write(name, data):
+            path = os.path.join(tmp, name)
+            with open(path, "wb") as f:
+                f.write(data)
+            return path
+
+        good_model = write("model.bin", model_bytes())
+        good_shard = write("shard.bin", shard_bytes(np.arange(2000) % V))
+        write("tokenizer_bad.bin", header(20240328, 2, 5, 4) + b"\x01a\x00")
+        outdir = os.path.join(tmp, "out")
+        os.mkdir(outdir)
+        kept = write("out/main.log", b"s:1 trl:1.0\n")
+
+        # (name, extra args replacing the defaults, text the error line must contain)
+        cases = [
+            ("missing model", ["-e", "nope.bin"], "nope.bin"),
+            ("truncated model", ["-e", write("m_trunc.bin", model_bytes()[:-4])], "m_trunc.bin"),
+            ("model header only", ["-e", write("m_short.bin", model_bytes()[:100])], "m_short.bin"),
+            ("wrong model magic", ["-e", write("m_magic.bin", model_bytes(magic=1234))], "magic"),
+            ("bf16 model version", ["-e", write("m_v5.bin", model_bytes(version=5))], "version"),
+            ("C not divisible by NH", ["-e", write("m_nh.bin", model_bytes(C=8, NH=3))], "divisible"),
+            ("missing shard", ["-i", os.path.join(tmp, "none_*.bin")], "none_"),
+            ("wrong shard magic", ["-i", write("s_magic.bin", shard_bytes(range(100), magic=7))], "magic"),
+            ("wrong shard version", ["-i", write("s_ver.bin", shard_bytes(range(100), version=2))], "version"),
+            ("truncated shard", ["-i", write("s_trunc.bin", shard_bytes(range(100), count=200))], "s_trunc.bin"),
+            ("token id >= V", ["-i", write("s_vocab.bin", shard_bytes([1] * 50 + [V] + [1] * 50))], "vocabulary"),
+            ("bad val shard", ["-j", write("s_val.bin", shard_bytes(range(10)))], "s_val.bin"),
+            ("B*T+1 > shard", ["-b", "64", "-t", "32"], "B*T+1"),
+            ("T > maxT", ["-t", str(MAX_T + 1)], "maxT"),
+            ("unknown flag", ["-Z", "1"], "-Z"),
+            ("not a flag", ["hello", "1"], "hello"),
+            ("flag without value", ["-b"], "-b"),
+            ("B = 0", ["-b", "0"], "-b"),
+            ("B not a number", ["-b", "4x"], "-b"),
+            ("negative lr", ["-l", "-1"], "-l"),
+            ("lr not a number", ["-l", "nan"], "-l"),
+            ("-n without -o", ["-n", "5", "-o", None], "-o"),
+            ("unknown model spec", ["-e", "d13"], "d13"),
+            ("corrupt tokenizer", ["-k", os.path.join(tmp, "tokenizer_bad.bin")], "tokenizer_bad.bin"),
+        ]
+        for name, extra, needle in cases:
+            args = {"-e": good_model, "-i": good_shard, "-j": good_shard, "-b": "2", "-t": "16",
+                    "-x": "1", "-v": "0", "-s": "0", "-o": outdir,
+                    "-k": os.path.join(tmp, "no_tokenizer.bin")}
+            positional = []
+            for i in range(0, len(extra), 2):
+                if extra[i].startswith("-") and len(extra[i]) == 2 and extra[i] in args and i + 1 < len(extra):
+                    args[extra[i]] = extra[i + 1]
+                else:
+                    positional += extra[i:i + 2]
+            argv = [trainer]
+            for k, v in args.items():
+                if v is not None:
+                    argv += [k, v]
+            argv += positional
+            with open(kept, "wb") as f:  # a log from an earlier run, which must survive
+                f.write(b"s:1 trl:1.0\n")
+            result = subprocess.run(argv, cwd=tmp, capture_output=True, text=True, timeout=120)
+            lines = [l for l in result.stderr.splitlines() if l.strip()]
+            problems = []
+            if result.returncode <= 0:
+                problems.append(f"exit code {result.returncode} (want > 0, no signal)")
+            if len(lines) != 1:
+                problems.append(f"{len(lines)} stderr lines (want 1): {lines[:3]}")
+            elif not lines[0].startswith("error: ") or needle not in lines[0]:
+                problems.append(f"error line does not name '{needle}': {lines[0]}")
+            with open(kept, "rb") as f:
+                if f.read() != b"s:1 trl:1.0\n":
+                    problems.append("it overwrote out/main.log")
+            shown = lines[0] if lines else "(no stderr)"
+            if problems:
+                failed += 1
+                print(f"FAIL  {name}: {'; '.join(problems)}")
+            else:
+                passed += 1
+                print(f"ok    {name}: {shown}")
+    print(f"bad_input: {passed} passed, {failed} failed")
+    return 0 if failed == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

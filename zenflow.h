@@ -1,0 +1,438 @@
+/*
+ZenFlow's orchestration: docs/zenflow_spec.md section 4, written once for every backend.
+
+Read zf_step from top to bottom: it is the spec's step, in the spec's order, with the
+section numbers in comments. Everything a device does (compute column scores, run AdamW
+on the GPU-owned elements, move columns between the two sides) is a primitive of a
+backend (ZfBackend): the CUDA trainer's lives in zenflow.cuh, the CPU reference trainer's
+in dev/train_gpt2.cpp. The CPU side is the same code for both: cpu_adam.cpp, run by one
+background thread (the updater).
+
+Who owns what (spec 3), in one picture, for one matrix W (OC rows, IC columns):
+
+        columns:   0  1  2  3  4  5  6  7  8  9          sel = {2, 7}  (n_sel = k * IC)
+                  [c  c  G  c  c  c  c  G  c  c]          G: the GPU updates these every step
+                                                          c: the CPU updates these once a window
+
+Both sides keep their part PACKED, column by column, so each side's optimizer runs over one
+flat array:
+  CPU (host):  master p, m, v, accumulator A  = W's unselected columns in ascending order,
+               each column's OC values consecutive: [col 0 | col 1 | col 3 | ... | col 9]
+  GPU:         m, v = every vector first (always GPU-owned), then each matrix's selected
+               columns in ascending order, OC values each: [vectors | W1: col 2, col 7 | W2 ...]
+The working copy of all parameters (what forward/backward read) stays in the model's own
+layout on the GPU; the backend gathers/scatters columns between it and the packed buffers.
+
+Modes (spec 2): adamw = k 1 (the CPU owns nothing), offload = k 0, U 1, no overlap (the CPU
+owns every matrix element), zenflow = 0 < k < 1 with windows of U steps and overlap.
+*/
+#ifndef ZENFLOW_H
+#define ZENFLOW_H
+
+#include <algorithm>
+#include <vector>
+
+#include "cpu_adam.h"
+#include "llmc/gpt2_file.h"
+#include "llmc/utils.h"
+
+typedef enum { ZF_MODE_ADAMW = 0, ZF_MODE_OFFLOAD = 1, ZF_MODE_ZENFLOW = 2 } ZfMode;
+
+static const char* const zf_mode_names[3] = {"adamw", "offload", "zenflow"};
+
+typedef struct {
+    ZfMode mode;
+    float topk;           // k: fraction of each matrix's columns the GPU owns
+    int update_interval;  // U: steps per CPU window
+    int select_interval;  // S: steps between reselections, 0 = select once
+    int warmup;           // W: first W steps are synchronous offload
+    int overlap;          // 1: the CPU's window update runs in the background
+} ZfConfig;
+
+// defaults of spec section 2; S = 100 (see docs/zenflow_spec.md, section 2 [project])
+static inline ZfConfig zf_default_config(void) {
+    ZfConfig c = {ZF_MODE_ZENFLOW, 0.1f, 4, 100, 0, 1};
+    return c;
+}
+
+// the three modes are settings of one design (spec 2)
+static inline ZfConfig zf_effective_config(ZfConfig c) {
+    if (c.mode == ZF_MODE_ADAMW) { c.topk = 1.0f; c.update_interval = 1; c.overlap = 0; c.warmup = 0; }
+    if (c.mode == ZF_MODE_OFFLOAD) { c.topk = 0.0f; c.update_interval = 1; c.overlap = 0; c.warmup = 0; }
+    return c;
+}
+
+// one weight matrix (spec 1): wte, wpe, or one layer's slice of qkvw/attprojw/fcw/fcprojw
+typedef struct {
+    char name[32];        // e.g. "qkvw.3"
+    size_t offset;        // of W[0, 0] in the parameter buffer
+    int rows, cols;       // OC, IC
+    int n_sel;            // columns the GPU owns now (0 during warm-up)
+    int* cols_by_owner;   // (cols): the n_sel selected columns ascending, then the rest ascending
+    size_t cpu_offset;    // where its CPU-owned columns start in the packed host buffers
+    size_t gpu_offset;    // where its GPU-owned columns start in the packed GPU moments
+} ZfMatrix;
+
+// a contiguous run of vector parameters (one 1-D tensor, e.g. all L layers' ln1w)
+typedef struct {
+    size_t offset, n;
+} ZfVector;
+
+struct ZenFlow;
+
+// What a device must provide. Packed layouts are the ones in the comment at the top.
+// Every call is complete (host buffers may be reused) when it returns.
+typedef struct {
+    void* ctx;
+    // scores[j] = sum over rows o of g[o, j]^2, for every column j of `mat` (spec 4.2.2)
+    void (*column_scores)(void* ctx, const ZfMatrix* mat, float* scores);
+    // ownership changed: re-read zf->matrices (cols_by_owner, n_sel, offsets)
+    void (*selection_changed)(void* ctx, const struct ZenFlow* zf);
+    // AdamW (spec 3.1) on every GPU-owned element with the current gradient (spec 4.3):
+    // the vectors with weight decay 0, the selected columns with h.weight_decay
+    void (*gpu_adam)(void* ctx, const struct ZenFlow* zf, ZfAdamHyper h, int step);
+    // the CPU-owned columns of the gradient / the parameters, packed, to the host
+    void (*grads_to_host)(void* ctx, const struct ZenFlow* zf, float* host);
+    void (*params_to_host)(void* ctx, const struct ZenFlow* zf, float* host);
+    // packed CPU-owned parameter columns from the host into the working copy ("apply")
+    void (*params_from_host)(void* ctx, const struct ZenFlow* zf, const float* host);
+    // the GPU's moments of its selected columns (the matrix part of its packed m, v)
+    void (*moments_to_host)(void* ctx, const struct ZenFlow* zf, float* m, float* v);
+    void (*moments_from_host)(void* ctx, const struct ZenFlow* zf, const float* m, const float* v);
+} ZfBackend;
+
+// the frozen inputs of one window's CPU update (spec 5: a job reads only frozen buffers)
+typedef struct {
+    struct ZenFlow* zf;
+    const float* acc;  // A of the window, not written until the job is waited for
+    int count;         // n
+    int step;          // s = t + 1 of the boundary step
+    ZfAdamHyper hyper;
+} ZfWindowJob;
+
+typedef struct ZenFlow {
+    ZfConfig cfg;
+    ZfBackend backend;
+    int num_matrices;
+    ZfMatrix* matrices;
+    int num_vectors;
+    ZfVector vectors[NUM_PARAMETER_TENSORS];
+    size_t vector_elems;   // all vector parameters: the first part of the GPU moments
+    size_t matrix_elems;   // M: all matrix elements
+    size_t cpu_elems;      // matrix elements the CPU owns now
+    size_t gpu_sel_elems;  // matrix elements the GPU owns now
+    size_t cpu_capacity, gpu_capacity;  // sizes of the buffers below
+    // CPU side (spec 3), packed: master values, moments, window accumulator
+    float* master;        // (cpu_capacity)
+    float* m;             // (cpu_capacity)
+    float* v;             // (cpu_capacity)
+    float* acc;           // (cpu_capacity) A of the open window
+    float* acc_job;       // (cpu_capacity) A of the window the updater is working on
+    float* grad_stage;    // (cpu_capacity) this step's CPU-owned gradient, from the device
+    int window_count;     // n: steps in the open window
+    ZfUpdater* updater;
+    long pending_ticket;  // the window job whose result is not applied yet, -1 if none
+    ZfWindowJob job;
+    int last_select_step;
+    // scratch for migration: moments in the new CPU layout, GPU moments before / after
+    float *m_new, *v_new, *gpu_m_old, *gpu_v_old, *gpu_m_new, *gpu_v_new;
+    // reporting
+    int moved_columns;        // columns that changed owner at the last selection
+    int num_selections;
+    double cpu_update_ms;     // duration of the last finished window update
+    FILE* selection_log;      // if set: "sel" and "scores" lines at every selection
+} ZenFlow;
+
+static inline int zf_n_sel(float k, int cols) { return (int)floorf(k * cols + 0.5f); }
+
+// ----------------------------------------------------------------------------
+// setup
+
+static inline void zf_init(ZenFlow* zf, ZfConfig cfg, const GPT2Config* model, ZfBackend backend) {
+    memset(zf, 0, sizeof(*zf));
+    zf->cfg = zf_effective_config(cfg);
+    zf->backend = backend;
+    zf->pending_ticket = -1;
+    zf->last_select_step = -1;
+    cfg = zf->cfg;
+    if (cfg.topk < 0.0f || cfg.topk > 1.0f) { zf_fail("flag -zk: topk ratio %g is not in [0, 1]", cfg.topk); }
+    if (cfg.update_interval < 1) { zf_fail("flag -zu: update interval must be >= 1"); }
+
+    // matrices and vectors in parameter-buffer order (spec 1)
+    size_t sizes[NUM_PARAMETER_TENSORS], offset = 0;
+    gpt2_param_sizes(model, sizes);
+    std::vector<ZfMatrix> mats;
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+        GPT2TensorShape s = gpt2_tensor_shape(model, i);
+        if (s.is_matrix) {
+            for (size_t l = 0; l < s.count; l++) {
+                ZfMatrix mat;
+                memset(&mat, 0, sizeof(mat));
+                if (s.count == 1) {
+                    snprintf(mat.name, sizeof(mat.name), "%s", gpt2_tensor_names[i]);
+                } else {
+                    snprintf(mat.name, sizeof(mat.name), "%s.%zu", gpt2_tensor_names[i], l);
+                }
+                mat.offset = offset + l * s.rows * s.cols;
+                mat.rows = (int)s.rows;
+                mat.cols = (int)s.cols;
+                mat.cols_by_owner = (int*)malloc_check(s.cols * sizeof(int));
+                for (int j = 0; j < mat.cols; j++) { mat.cols_by_owner[j] = j; }
+                mats.push_back(mat);
+                zf->matrix_elems += s.rows * s.cols;
+            }
+        } else {
+            zf->vectors[zf->num_vectors].offset = offset;
+            zf->vectors[zf->num_vectors].n = sizes[i];
+            zf->num_vectors++;
+            zf->vector_elems += sizes[i];
+        }
+        offset += sizes[i];
+    }
+    zf->num_matrices = (int)mats.size();
+    zf->matrices = (ZfMatrix*)malloc_check(mats.size() * sizeof(ZfMatrix));
+    memcpy(zf->matrices, mats.data(), mats.size() * sizeof(ZfMatrix));
+
+    // buffer sizes: the most either side can ever own (during warm-up the CPU owns all)
+    int cpu_owns_all = cfg.warmup > 0;
+    for (int i = 0; i < zf->num_matrices; i++) {
+        ZfMatrix* mat = &zf->matrices[i];
+        int n_sel = zf_n_sel(cfg.topk, mat->cols);
+        zf->gpu_capacity += (size_t)n_sel * mat->rows;
+        zf->cpu_capacity += (size_t)(cpu_owns_all ? mat->cols : mat->cols - n_sel) * mat->rows;
+    }
+    size_t c = zf->cpu_capacity, g = zf->gpu_capacity;
+    zf->master = (float*)calloc_check(c, sizeof(float));
+    zf->m = (float*)calloc_check(c, sizeof(float));
+    zf->v = (float*)calloc_check(c, sizeof(float));
+    zf->acc = (float*)calloc_check(c, sizeof(float));
+    zf->acc_job = (float*)calloc_check(c, sizeof(float));
+    zf->grad_stage = (float*)calloc_check(c, sizeof(float));
+    zf->m_new = (float*)calloc_check(c, sizeof(float));
+    zf->v_new = (float*)calloc_check(c, sizeof(float));
+    zf->gpu_m_old = (float*)calloc_check(g, sizeof(float));
+    zf->gpu_v_old = (float*)calloc_check(g, sizeof(float));
+    zf->gpu_m_new = (float*)calloc_check(g, sizeof(float));
+    zf->gpu_v_new = (float*)calloc_check(g, sizeof(float));
+    if (cfg.overlap) {
+        zf->updater = zf_updater_create(0);
+        if (zf->updater == NULL) { zf_fail("could not start the CPU updater thread"); }
+    }
+}
+
+// Lays out the packed buffers for the current ownership (cols_by_owner, n_sel).
+static inline void zf_layout(ZenFlow* zf) {
+    size_t cpu = 0, gpu = 0;
+    for (int i = 0; i < zf->num_matrices; i++) {
+        ZfMatrix* mat = &zf->matrices[i];
+        mat->cpu_offset = cpu;
+        mat->gpu_offset = gpu;
+        cpu += (size_t)(mat->cols - mat->n_sel) * mat->rows;
+        gpu += (size_t)mat->n_sel * mat->rows;
+    }
+    zf->cpu_elems = cpu;
+    zf->gpu_sel_elems = gpu;
+}
+
+// Warm-up ownership (spec 4.1): the CPU owns every matrix element until the first selection.
+// The model's parameters become the CPU master.
+static inline void zf_start_warmup(ZenFlow* zf) {
+    for (int i = 0; i < zf->num_matrices; i++) { zf->matrices[i].n_sel = 0; }
+    zf_layout(zf);
+    zf->backend.selection_changed(zf->backend.ctx, zf);
+    zf->backend.params_to_host(zf->backend.ctx, zf, zf->master);
+}
+
+// ----------------------------------------------------------------------------
+// the CPU side of a window (runs on the updater thread with overlap, else inline)
+
+static int zf_window_update(void* arg) {
+    ZfWindowJob* job = (ZfWindowJob*)arg;
+    ZenFlow* zf = job->zf;
+    // spec 4.6: G = A / n, then AdamW on every CPU-owned element (all are matrix elements)
+    zf_cpu_adam_step_mean(zf->master, zf->m, zf->v, job->acc, job->count, zf->cpu_elems,
+                          job->hyper, job->step);
+    return 0;
+}
+
+// waits for the window job in flight (if any) and applies its result to the working copy
+static inline void zf_wait_and_apply(ZenFlow* zf) {
+    if (zf->pending_ticket < 0) { return; }
+    int status = zf_updater_wait(zf->updater, zf->pending_ticket);
+    if (status != 0) { zf_fail("the CPU updater failed with code %d", status); }
+    zf_updater_busy_ms(zf->updater, &zf->cpu_update_ms);
+    zf->backend.params_from_host(zf->backend.ctx, zf, zf->master);
+    zf->pending_ticket = -1;
+}
+
+// spec 4.7: before the end of training, a checkpoint, or an evaluation of final weights
+static inline void zf_drain(ZenFlow* zf) { zf_wait_and_apply(zf); }
+
+// ----------------------------------------------------------------------------
+// selection (spec 4.2)
+
+static inline void zf_log_selection(ZenFlow* zf, int t, int index, const ZfMatrix* mat,
+                                    const float* scores) {
+    FILE* f = zf->selection_log;
+    fprintf(f, "sel %d %d %s %d :", t, index, mat->name, mat->n_sel);
+    for (int j = 0; j < mat->n_sel; j++) { fprintf(f, " %d", mat->cols_by_owner[j]); }
+    fprintf(f, "\nscores %d %d :", t, index);
+    for (int j = 0; j < mat->cols; j++) { fprintf(f, " %.9g", scores[j]); }
+    fprintf(f, "\n");
+}
+
+static inline void zf_select(ZenFlow* zf, int t) {
+    const ZfBackend* be = &zf->backend;
+    // 4.2.1 drain: the working copy now equals the CPU master on every CPU-owned column
+    zf_drain(zf);
+    // keep the old ownership: the GPU's moments of its old columns come to the host
+    std::vector<std::vector<int>> old_order(zf->num_matrices);
+    std::vector<int> old_n_sel(zf->num_matrices);
+    std::vector<size_t> old_cpu_offset(zf->num_matrices), old_gpu_offset(zf->num_matrices);
+    for (int i = 0; i < zf->num_matrices; i++) {
+        const ZfMatrix* mat = &zf->matrices[i];
+        old_order[i].assign(mat->cols_by_owner, mat->cols_by_owner + mat->cols);
+        old_n_sel[i] = mat->n_sel;
+        old_cpu_offset[i] = mat->cpu_offset;
+        old_gpu_offset[i] = mat->gpu_offset;
+    }
+    // the very first selection without warm-up: no optimizer state exists yet (all zero)
+    const int fresh = zf->num_selections == 0 && zf->cfg.warmup == 0;
+    if (!fresh) { be->moments_to_host(be->ctx, zf, zf->gpu_m_old, zf->gpu_v_old); }
+
+    // 4.2.2 and 4.2.3: score the columns of g_t, keep the n_sel best (ties: lower index)
+    zf->moved_columns = 0;
+    std::vector<float> scores;
+    for (int i = 0; i < zf->num_matrices; i++) {
+        ZfMatrix* mat = &zf->matrices[i];
+        scores.resize(mat->cols);
+        be->column_scores(be->ctx, mat, scores.data());
+        int n_sel = zf_n_sel(zf->cfg.topk, mat->cols);
+        int* order = mat->cols_by_owner;
+        for (int j = 0; j < mat->cols; j++) { order[j] = j; }
+        std::stable_sort(order, order + mat->cols,
+                         [&](int a, int b) { return scores[a] > scores[b]; });
+        std::sort(order, order + n_sel);               // selected, ascending
+        std::sort(order + n_sel, order + mat->cols);  // the rest, ascending
+        mat->n_sel = n_sel;
+        if (zf->selection_log != NULL) { zf_log_selection(zf, t, i, mat, scores.data()); }
+    }
+    zf_layout(zf);
+
+    // 4.2.4 migrate: every column's (m, v) moves to its new owner, none is reset or lost.
+    // old_m[j], old_v[j]: where column j's moments were, in the old CPU or GPU packed buffer
+    for (int i = 0; i < zf->num_matrices && !fresh; i++) {
+        ZfMatrix* mat = &zf->matrices[i];
+        const size_t R = (size_t)mat->rows;
+        std::vector<const float*> old_m(mat->cols), old_v(mat->cols);
+        std::vector<char> was_gpu(mat->cols, 0);
+        for (int r = 0; r < mat->cols; r++) {
+            int j = old_order[i][r];
+            if (r < old_n_sel[i]) {
+                size_t at = old_gpu_offset[i] + (size_t)r * R;
+                old_m[j] = zf->gpu_m_old + at;
+                old_v[j] = zf->gpu_v_old + at;
+                was_gpu[j] = 1;
+            } else {
+                size_t at = old_cpu_offset[i] + (size_t)(r - old_n_sel[i]) * R;
+                old_m[j] = zf->m + at;
+                old_v[j] = zf->v + at;
+            }
+        }
+        for (int r = 0; r < mat->cols; r++) {
+            int j = mat->cols_by_owner[r];
+            float *dst_m, *dst_v;
+            if (r < mat->n_sel) {
+                dst_m = zf->gpu_m_new + mat->gpu_offset + (size_t)r * R;
+                dst_v = zf->gpu_v_new + mat->gpu_offset + (size_t)r * R;
+                zf->moved_columns += !was_gpu[j];
+            } else {
+                dst_m = zf->m_new + mat->cpu_offset + (size_t)(r - mat->n_sel) * R;
+                dst_v = zf->v_new + mat->cpu_offset + (size_t)(r - mat->n_sel) * R;
+            }
+            memcpy(dst_m, old_m[j], R * sizeof(float));
+            memcpy(dst_v, old_v[j], R * sizeof(float));
+        }
+    }
+    if (fresh) {
+        for (int i = 0; i < zf->num_matrices; i++) { zf->moved_columns += zf->matrices[i].n_sel; }
+    } else {
+        std::swap(zf->m, zf->m_new);
+        std::swap(zf->v, zf->v_new);
+    }
+    be->selection_changed(be->ctx, zf);
+    be->moments_from_host(be->ctx, zf, zf->gpu_m_new, zf->gpu_v_new);
+    // the master of the new CPU columns: after the drain the working copy holds every
+    // column's current value (the GPU's own columns, and the CPU's applied ones)
+    be->params_to_host(be->ctx, zf, zf->master);
+    zf->last_select_step = t;
+    zf->num_selections++;
+}
+
+// ----------------------------------------------------------------------------
+// one training step (spec 4), called after the backward pass of step t (0-based) has
+// produced g_t; `hyper.lr` is lr(t). Before the forward of step t+1 the working copy holds
+// everything this step must show it.
+
+static inline void zf_step(ZenFlow* zf, int t, ZfAdamHyper hyper) {
+    const ZfConfig* cfg = &zf->cfg;
+    const ZfBackend* be = &zf->backend;
+    const int s = t + 1;
+    if (t == 0 && cfg->warmup > 0) { zf_start_warmup(zf); }
+    const int warmup = t < cfg->warmup;
+
+    // 4.2 selection: at t == W, then at a window start once S steps have passed
+    if (!warmup) {
+        int first = zf->last_select_step < 0;
+        int due = cfg->select_interval > 0 && zf->window_count == 0 &&
+                  t - zf->last_select_step >= cfg->select_interval;
+        if (first || due) { zf_select(zf, t); }
+    }
+
+    // 4.3 GPU update: selected columns and vectors, with g_t (during warm-up: vectors only)
+    be->gpu_adam(be->ctx, zf, hyper, s);
+    if (zf->cpu_elems == 0) { return; }  // adamw mode: the CPU owns nothing
+
+    // 4.4 accumulate: A += g_t on the CPU-owned elements, n += 1
+    be->grads_to_host(be->ctx, zf, zf->grad_stage);
+    zf_cpu_accumulate(zf->acc, zf->grad_stage, zf->cpu_elems);
+    zf->window_count++;
+
+    // 4.5 boundary? (warm-up: every step, synchronously)
+    const int U = warmup ? 1 : cfg->update_interval;
+    if (zf->window_count < U) { return; }
+
+    // 4.6 boundary: close the window
+    ZfAdamHyper cpu_hyper = hyper;  // every CPU-owned element is a matrix element: decay on
+    if (!cfg->overlap || warmup) {
+        // synchronous: update now, apply before the next forward
+        ZfWindowJob job = {zf, zf->acc, zf->window_count, s, cpu_hyper};
+        double t0 = zf_now_ms();
+        zf_window_update(&job);
+        zf->cpu_update_ms = zf_now_ms() - t0;
+        be->params_from_host(be->ctx, zf, zf->master);
+    } else {
+        // overlap: apply window w-1, then hand window w to the updater and go on training
+        zf_wait_and_apply(zf);
+        std::swap(zf->acc, zf->acc_job);  // freeze this window's A for the job
+        zf->job = ZfWindowJob{zf, zf->acc_job, zf->window_count, s, cpu_hyper};
+        zf->pending_ticket = zf_updater_submit(zf->updater, zf_window_update, &zf->job);
+    }
+    memset(zf->acc, 0, zf->cpu_elems * sizeof(float));  // A = 0, n = 0
+    zf->window_count = 0;
+}
+
+static inline void zf_free(ZenFlow* zf) {
+    if (zf->updater != NULL) {
+        int status = zf_updater_destroy(zf->updater);
+        if (status != 0) { fprintf(stderr, "error: the CPU updater failed with code %d\n", status); }
+    }
+    for (int i = 0; i < zf->num_matrices; i++) { free(zf->matrices[i].cols_by_owner); }
+    free(zf->matrices);
+    float* buffers[] = {zf->master, zf->m, zf->v, zf->acc, zf->acc_job, zf->grad_stage,
+                        zf->m_new, zf->v_new, zf->gpu_m_old, zf->gpu_v_old, zf->gpu_m_new,
+                        zf->gpu_v_new};
+    for (float* b : buffers) { free(b); }
+}
+
+#endif  // ZENFLOW_H
