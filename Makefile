@@ -22,7 +22,8 @@ CUDA_ARCH ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=s
 NVCCFLAGS ?= -O3 -std=c++17 -fmad=false $(CUDA_ARCH) -Xcompiler -Wall,-fopenmp,-ffp-contract=off
 NVCC_LDLIBS = -lcublasLt -lcublas -lgomp -lpthread
 
-CPU_BINS = train_gpt2cpu test_gpt2cpu test_cpu_adam
+CPU_BINS = train_gpt2cpu test_gpt2cpu test_zenflow test_cpu_adam
+TSAN_BINS = test_cpu_adam_tsan test_zenflow_tsan
 ifneq ($(NVCC_FOUND),)
 CUDA_BINS = train_gpt2cu test_gpt2cu
 else
@@ -30,9 +31,9 @@ CUDA_BINS =
 $(info nvcc not found: skipping train_gpt2cu and test_gpt2cu (install the CUDA toolkit to build them))
 endif
 
-HEADERS = $(wildcard llmc/*.h) cpu_adam.h
+HEADERS = $(wildcard llmc/*.h) cpu_adam.h zenflow.h
 
-.PHONY: all test run data deps refs clean
+.PHONY: all test run data deps refs clean bench
 all: $(CPU_BINS) $(CUDA_BINS)
 
 cpu_adam.o: cpu_adam.cpp cpu_adam.h
@@ -44,13 +45,24 @@ train_gpt2cpu: dev/train_gpt2.cpp cpu_adam.o $(HEADERS)
 test_gpt2cpu: dev/test_gpt2.cpp dev/train_gpt2.cpp cpu_adam.o $(HEADERS)
 	$(CXX) $(CXXFLAGS) $< cpu_adam.o -o $@ $(LDLIBS)
 
+test_zenflow: dev/test_zenflow.cpp dev/train_gpt2.cpp cpu_adam.o $(HEADERS)
+	$(CXX) $(CXXFLAGS) $< cpu_adam.o -o $@ $(LDLIBS)
+
+bench_cpu_adam: dev/bench_cpu_adam.cpp cpu_adam.o cpu_adam.h
+	$(CXX) $(CXXFLAGS) $< cpu_adam.o -o $@ $(LDLIBS)
+
 test_cpu_adam: dev/test_cpu_adam.cpp cpu_adam.o cpu_adam.h
 	$(CXX) $(CXXFLAGS) $< cpu_adam.o -o $@ $(LDLIBS)
 
-# ThreadSanitizer build of the updater test, without OpenMP (libgomp is not instrumented
-# and would report false races); cpu_adam.cpp builds single-threaded then.
+# ThreadSanitizer builds of the updater and orchestration tests, without OpenMP (libgomp
+# is not instrumented and would report false races); everything runs single-threaded then,
+# except the updater thread itself, which is what TSan watches.
+TSAN_FLAGS = -std=c++17 -O1 -g -ffp-contract=off -fsanitize=thread -Wall -Wno-unknown-pragmas -Wno-unused-function
 test_cpu_adam_tsan: dev/test_cpu_adam.cpp cpu_adam.cpp cpu_adam.h
-	$(CXX) -std=c++17 -O1 -g -ffp-contract=off -fsanitize=thread -Wall $< cpu_adam.cpp -o $@ $(LDLIBS)
+	$(CXX) $(TSAN_FLAGS) $< cpu_adam.cpp -o $@ $(LDLIBS)
+
+test_zenflow_tsan: dev/test_zenflow.cpp dev/train_gpt2.cpp cpu_adam.cpp $(HEADERS)
+	$(CXX) $(TSAN_FLAGS) $< cpu_adam.cpp -o $@ $(LDLIBS)
 
 train_gpt2cu: train_gpt2.cu cpu_adam.o $(HEADERS) $(wildcard llmc/*.cuh)
 	$(NVCC) $(NVCCFLAGS) $< cpu_adam.o -o $@ $(NVCC_LDLIBS)
@@ -67,16 +79,20 @@ data: deps
 # PyTorch reference outputs for the tests; regenerated when the scripts change
 REF_DIR = dev/test/ref
 refs: $(REF_DIR)/.stamp
-$(REF_DIR)/.stamp: scripts/make_test_refs.sh scripts/gpt2_reference.py
+$(REF_DIR)/.stamp: scripts/make_test_refs.sh scripts/gpt2_reference.py scripts/zenflow_reference.py
 	bash scripts/make_test_refs.sh $(REF_DIR)
 	touch $@
 
-test: deps all test_cpu_adam_tsan refs
+test: deps all $(TSAN_BINS) refs
 	@bash scripts/run_tests.sh
 
 run: deps data all
 	@bash scripts/run.sh $(ARGS)
 
+# cpu_adam vs torch.optim.AdamW vs the memory-bandwidth limit, one table
+bench: deps bench_cpu_adam
+	$(PYTHON) scripts/bench_cpu_adam.py --bin ./bench_cpu_adam
+
 clean:
-	rm -f $(CPU_BINS) train_gpt2cu test_gpt2cu test_cpu_adam_tsan *.o
+	rm -f $(CPU_BINS) $(TSAN_BINS) bench_cpu_adam train_gpt2cu test_gpt2cu *.o
 	rm -rf $(REF_DIR)

@@ -42,7 +42,7 @@ static const char* const zf_mode_names[3] = {"adamw", "offload", "zenflow"};
 
 typedef struct {
     ZfMode mode;
-    float topk;           // k: fraction of each matrix's columns the GPU owns
+    double topk;          // k: fraction of each matrix's columns the GPU owns
     int update_interval;  // U: steps per CPU window
     int select_interval;  // S: steps between reselections, 0 = select once
     int warmup;           // W: first W steps are synchronous offload
@@ -51,14 +51,14 @@ typedef struct {
 
 // defaults of spec section 2; S = 100 (see docs/zenflow_spec.md, section 2 [project])
 static inline ZfConfig zf_default_config(void) {
-    ZfConfig c = {ZF_MODE_ZENFLOW, 0.1f, 4, 100, 0, 1};
+    ZfConfig c = {ZF_MODE_ZENFLOW, 0.1, 4, 100, 0, 1};
     return c;
 }
 
 // the three modes are settings of one design (spec 2)
 static inline ZfConfig zf_effective_config(ZfConfig c) {
-    if (c.mode == ZF_MODE_ADAMW) { c.topk = 1.0f; c.update_interval = 1; c.overlap = 0; c.warmup = 0; }
-    if (c.mode == ZF_MODE_OFFLOAD) { c.topk = 0.0f; c.update_interval = 1; c.overlap = 0; c.warmup = 0; }
+    if (c.mode == ZF_MODE_ADAMW) { c.topk = 1.0; c.update_interval = 1; c.overlap = 0; c.warmup = 0; }
+    if (c.mode == ZF_MODE_OFFLOAD) { c.topk = 0.0; c.update_interval = 1; c.overlap = 0; c.warmup = 0; }
     return c;
 }
 
@@ -143,7 +143,8 @@ typedef struct ZenFlow {
     FILE* selection_log;      // if set: "sel" and "scores" lines at every selection
 } ZenFlow;
 
-static inline int zf_n_sel(float k, int cols) { return (int)floorf(k * cols + 0.5f); }
+// spec 2: n_sel = floor(k * IC + 0.5), in double like the reference (k as parsed from the flag)
+static inline int zf_n_sel(double k, int cols) { return (int)floor(k * cols + 0.5); }
 
 // ----------------------------------------------------------------------------
 // setup
@@ -155,7 +156,7 @@ static inline void zf_init(ZenFlow* zf, ZfConfig cfg, const GPT2Config* model, Z
     zf->pending_ticket = -1;
     zf->last_select_step = -1;
     cfg = zf->cfg;
-    if (cfg.topk < 0.0f || cfg.topk > 1.0f) { zf_fail("flag -zk: topk ratio %g is not in [0, 1]", cfg.topk); }
+    if (cfg.topk < 0.0 || cfg.topk > 1.0) { zf_fail("flag -zk: topk ratio %g is not in [0, 1]", cfg.topk); }
     if (cfg.update_interval < 1) { zf_fail("flag -zu: update interval must be >= 1"); }
 
     // matrices and vectors in parameter-buffer order (spec 1)

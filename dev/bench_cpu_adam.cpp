@@ -3,9 +3,9 @@
 //
 // Usage:
 //   bench_cpu_adam [n_params] [reps]     (defaults 32M, 7)
-//   bench_cpu_adam --check DIR N S LR WD  (used by the python script: reads DIR/in.bin =
-//       p,m,v,g as N fp32 each, runs one zf_cpu_adam_step at step S with lr LR and decay
-//       WD (hex floats are fine), writes DIR/out.bin = p,m,v)
+//   bench_cpu_adam --check DIR N S LR WD B1 B2 EPS   (used by the python script: reads
+//       DIR/in.bin = p,m,v,g as N fp32 each, runs one zf_cpu_adam_step at step S with these
+//       hyperparameters (hex floats, so they arrive exact), writes DIR/out.bin = p,m,v)
 //
 // Output: a readable table, plus lines "RESULT <name> <value>" for the script.
 //
@@ -14,6 +14,10 @@
 // bandwidth limit is copy_GB/s / 28 bytes per parameter. (glibc's memcpy uses non-temporal
 // stores for buffers this large, so the copy does not also read the destination; AdamW
 // writes lines it has just read, so it pays no extra read either.)
+//
+// Layout matters on AMD Zen: arrays exactly a large power of two apart collide in the L1
+// way predictor. "staggered" puts the arrays 64 KB further apart than back to back,
+// "back to back" packs them (for n = 32M that is exactly 128 MB apart: the bad case).
 #include "../cpu_adam.h"
 
 #include <algorithm>
@@ -65,20 +69,37 @@ static Timing time_it(void (*fn)(void*), void* arg, int reps) {
     return out;
 }
 
-// 64-byte aligned buffer, touched so that page faults are not timed.
-static float* alloc_floats(size_t n, float value) {
-    float* p = (float*)aligned_alloc(64, ((n * 4 + 63) / 64) * 64);
-    if (!p) { fprintf(stderr, "out of memory\n"); exit(1); }
-    for (size_t i = 0; i < n; i++) p[i] = value;
-    return p;
-}
-
+// ---------------------------------------------------------------------------------------
+// AdamW state: p, m, v, g, acc in one 2 MB-aligned arena, each array `gap` bytes after the
+// end of the previous one, every byte touched so that page faults are not timed.
 typedef struct {
+    char* arena;
     float *p, *m, *v, *g, *acc;
     size_t n;
     int s;
     ZfAdamHyper h;
 } AdamArgs;
+
+static AdamArgs make_adam(size_t n, size_t gap) {
+    AdamArgs a;
+    size_t stride = (n * 4 + 63) / 64 * 64 + gap;
+    size_t bytes = (5 * stride + (2u << 20) - 1) / (2u << 20) * (2u << 20);
+    a.arena = (char*)aligned_alloc(2u << 20, bytes);
+    if (!a.arena) { fprintf(stderr, "out of memory\n"); exit(1); }
+    memset(a.arena, 0, bytes);
+    float* arr[5];
+    for (int k = 0; k < 5; k++) arr[k] = (float*)(a.arena + k * stride);
+    a.p = arr[0]; a.m = arr[1]; a.v = arr[2]; a.g = arr[3]; a.acc = arr[4];
+    for (size_t i = 0; i < n; i++) {
+        a.p[i] = 0.01f * (float)(i % 200) - 1.0f;
+        a.g[i] = (float)((i * 2654435761u) % 1000) * 1e-6f - 5e-4f;  // spread out, no denormals
+        a.acc[i] = 4.0f * a.g[i];
+    }
+    a.n = n;
+    a.s = 0;
+    a.h = ZfAdamHyper{6e-4f, 0.9f, 0.95f, 1e-8f, 0.1f};
+    return a;
+}
 
 static void run_adam(void* a) {
     AdamArgs* x = (AdamArgs*)a;
@@ -91,6 +112,20 @@ static void run_adam_mean(void* a) {
 static void run_accumulate(void* a) {
     AdamArgs* x = (AdamArgs*)a;
     zf_cpu_accumulate(x->acc, x->g, x->n);
+}
+// The memory traffic of AdamW with almost no arithmetic: what this access pattern can
+// reach on this machine, a second, pattern-matched ceiling next to the memcpy one.
+static void run_same_traffic(void* a) {
+    AdamArgs* x = (AdamArgs*)a;
+    float *p = x->p, *m = x->m, *v = x->v;
+    const float* g = x->g;
+    long n = (long)x->n;
+#pragma omp parallel for schedule(static)
+    for (long i = 0; i < n; i++) {
+        p[i] += g[i];
+        m[i] += g[i];
+        v[i] += g[i];
+    }
 }
 
 typedef struct {
@@ -105,7 +140,8 @@ static void run_copy(void* a) {
 #pragma omp parallel
     {
         int t = omp_get_thread_num(), nt = omp_get_num_threads();
-        size_t lo = x->bytes / 4096 * t / nt * 4096, hi = x->bytes / 4096 * (t + 1) / nt * 4096;
+        size_t pages = x->bytes / 4096;
+        size_t lo = pages * t / nt * 4096, hi = pages * (t + 1) / nt * 4096;
         if (t == nt - 1) hi = x->bytes;
         memcpy(x->dst + lo, x->src + lo, hi - lo);
     }
@@ -120,30 +156,13 @@ static int adam_job(void* a) {
     return 0;
 }
 
-static AdamArgs make_adam(size_t n) {
-    AdamArgs a;
-    a.n = n;
-    a.s = 0;
-    a.h = ZfAdamHyper{6e-4f, 0.9f, 0.95f, 1e-8f, 0.1f};
-    a.p = alloc_floats(n, 0.01f);
-    a.m = alloc_floats(n, 0.0f);
-    a.v = alloc_floats(n, 0.0f);
-    a.g = alloc_floats(n, 0.001f);
-    a.acc = alloc_floats(n, 0.004f);
-    for (size_t i = 0; i < n; i++) a.g[i] = (float)((i * 2654435761u) % 1000) * 1e-6f - 5e-4f;
-    return a;
-}
-
-static void free_adam(AdamArgs* a) {
-    free(a->p); free(a->m); free(a->v); free(a->g); free(a->acc);
-}
-
 static int check_mode(int argc, char** argv) {
-    if (argc != 7) { fprintf(stderr, "usage: --check DIR N S LR WD\n"); return 2; }
+    if (argc != 10) { fprintf(stderr, "usage: --check DIR N S LR WD B1 B2 EPS\n"); return 2; }
     std::string dir = argv[2];
     size_t n = strtoull(argv[3], NULL, 10);
     int s = atoi(argv[4]);
-    ZfAdamHyper h = {strtof(argv[5], NULL), 0.9f, 0.95f, 1e-8f, strtof(argv[6], NULL)};
+    ZfAdamHyper h = {strtof(argv[5], NULL), strtof(argv[7], NULL), strtof(argv[8], NULL),
+                     strtof(argv[9], NULL), strtof(argv[6], NULL)};
     std::vector<float> buf(4 * n);
     FILE* f = fopen((dir + "/in.bin").c_str(), "rb");
     if (!f || fread(buf.data(), 4, 4 * n, f) != 4 * n) { fprintf(stderr, "cannot read in.bin\n"); return 1; }
@@ -156,52 +175,55 @@ static int check_mode(int argc, char** argv) {
     return 0;
 }
 
+// One table row per thread count: best and median rate, printed divided by `scale`;
+// the RESULT lines carry the plain rate (params/s, or bytes/s for the copy).
+static void row(const char* name, const char* key, void (*fn)(void*), void* arg, int reps,
+                int all, double units_per_call, double scale, const char* unit) {
+    for (int nt : {1, all}) {
+        set_threads(nt);
+        Timing t = time_it(fn, arg, reps);
+        double best = units_per_call / t.best, med = units_per_call / t.median;
+        printf("%-40s %7d %9.1f %s %9.1f %s\n", name, nt, best / scale, unit, med / scale, unit);
+        printf("RESULT %s_%dt %.6g\nRESULT %s_med_%dt %.6g\n", key, nt, best, key, nt, med);
+        if (all == 1) break;
+    }
+}
+
 int main(int argc, char** argv) {
     if (argc > 1 && !strcmp(argv[1], "--check")) return check_mode(argc, argv);
     size_t n = argc > 1 ? strtoull(argv[1], NULL, 10) : (size_t)32 << 20;
     int reps = argc > 2 ? atoi(argv[2]) : 7;
     int all = max_threads();
-    printf("n = %zu params (%.0f MB of p,m,v,g), reps = %d (best and median), threads 1 and %d\n",
+    printf("n = %zu params (%.0f MB of p,m,v,g), %d reps after a warm-up, threads 1 and %d\n",
            n, n * 16.0 / 1e6, reps, all);
     printf("RESULT n %zu\nRESULT threads %d\n", n, all);
+    printf("\n%-40s %7s %14s %14s\n", "", "threads", "best", "median");
 
     // Copy bandwidth: buffers as large as the four AdamW arrays together.
     CopyArgs c;
     c.bytes = n * 16;
-    c.src = (char*)alloc_floats(n * 4, 1.0f);
-    c.dst = (char*)alloc_floats(n * 4, 0.0f);
-    printf("\n%-34s %8s %12s %12s\n", "", "threads", "best", "median");
-    for (int nt : {1, all}) {
-        set_threads(nt);
-        Timing t = time_it(run_copy, &c, reps);
-        double gbs = 2.0 * c.bytes / t.best / 1e9, gbs_med = 2.0 * c.bytes / t.median / 1e9;
-        printf("%-34s %8d %9.2f GB/s %7.2f GB/s\n", "memcpy (read+write bytes)", nt, gbs, gbs_med);
-        printf("RESULT copy_gbs_%dt %.4f\nRESULT copy_gbs_med_%dt %.4f\n", nt, gbs, nt, gbs_med);
-    }
+    c.src = (char*)aligned_alloc(4096, c.bytes);
+    c.dst = (char*)aligned_alloc(4096, c.bytes);
+    memset(c.src, 1, c.bytes);
+    memset(c.dst, 0, c.bytes);
+    row("memcpy (read + write bytes)", "copy_bps", run_copy, &c, reps, all, 2.0 * c.bytes, 1e9, "GB/s");
     free(c.src);
     free(c.dst);
 
-    AdamArgs a = make_adam(n);
-    struct { const char* name; const char* key; void (*fn)(void*); } rows[] = {
-        {"zf_cpu_adam_step", "adam", run_adam},
-        {"zf_cpu_adam_step_mean", "adam_mean", run_adam_mean},
-        {"zf_cpu_accumulate", "accumulate", run_accumulate},
-    };
-    for (auto& r : rows)
-        for (int nt : {1, all}) {
-            set_threads(nt);
-            Timing t = time_it(r.fn, &a, reps);
-            printf("%-34s %8d %9.1f M/s  %7.1f M/s\n", r.name, nt, n / t.best / 1e6, n / t.median / 1e6);
-            printf("RESULT %s_pps_%dt %.1f\nRESULT %s_pps_med_%dt %.1f\n", r.key, nt, n / t.best,
-                   r.key, nt, n / t.median);
-        }
+    AdamArgs a = make_adam(n, 64 << 10);
+    row("same traffic, no math (staggered)", "traffic_pps", run_same_traffic, &a, reps, all, (double)n, 1e6, "M/s ");
+    row("zf_cpu_adam_step (staggered)", "adam_pps", run_adam, &a, reps, all, (double)n, 1e6, "M/s ");
+    row("zf_cpu_adam_step_mean (staggered)", "adam_mean_pps", run_adam_mean, &a, reps, all, (double)n, 1e6, "M/s ");
+    row("zf_cpu_accumulate (staggered)", "accumulate_pps", run_accumulate, &a, reps, all, (double)n, 1e6, "M/s ");
+
+    AdamArgs b = make_adam(n, 0);
+    row("zf_cpu_adam_step (back to back)", "adam_b2b_pps", run_adam, &b, reps, all, (double)n, 1e6, "M/s ");
 
     // The updater's own OpenMP team next to a busy main-thread team: run one AdamW step in
     // a job while the main thread runs another on different arrays (both with all threads),
-    // and compare with running the two one after the other. Close to 1.0 means the two
-    // teams share the cores without bad oversubscription (spinning threads, stragglers).
+    // and compare with running the two one after the other. Close to 1.0 (or below) means
+    // the two teams share the cores without bad oversubscription (spinning, stragglers).
     set_threads(all);
-    AdamArgs b = make_adam(n);
     ZfUpdater* u = zf_updater_create(all);
     zf_updater_wait(u, zf_updater_submit(u, adam_job, &b));  // warm up its thread pool
     std::vector<double> seq, par;
@@ -218,13 +240,13 @@ int main(int argc, char** argv) {
     }
     std::sort(seq.begin(), seq.end());
     std::sort(par.begin(), par.end());
-    double ratio = par[reps / 2] / seq[reps / 2];
-    printf("\ntwo AdamW steps, main thread + updater job, %d threads each (median):\n", all);
-    printf("  one after the other %.1f ms, at the same time %.1f ms, ratio %.2f\n",
-           seq[reps / 2] * 1e3, par[reps / 2] * 1e3, ratio);
-    printf("RESULT overlap_seq_ms %.2f\nRESULT overlap_par_ms %.2f\n", seq[reps / 2] * 1e3, par[reps / 2] * 1e3);
+    double ms_seq = seq[reps / 2] * 1e3, ms_par = par[reps / 2] * 1e3;
+    printf("\ntwo AdamW steps (staggered + back to back), main thread and updater job, %d threads each, median:\n"
+           "  one after the other %.1f ms, at the same time %.1f ms, ratio %.2f\n",
+           all, ms_seq, ms_par, ms_par / ms_seq);
+    printf("RESULT overlap_seq_ms %.2f\nRESULT overlap_par_ms %.2f\n", ms_seq, ms_par);
     int rc = zf_updater_destroy(u);
-    free_adam(&a);
-    free_adam(&b);
+    free(a.arena);
+    free(b.arena);
     return rc;
 }

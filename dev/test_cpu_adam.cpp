@@ -165,8 +165,8 @@ static void test_adam_step() {
                         if (!same_state(ref, got)) { ok = false; bad = first_diff(ref, got); break; }
                     }
                     if (!ok || nt == 1 || n == 1000003)  // keep the output short
-                        check(ok, "adam_step n=%zu wd=%g offset=%d threads=%d (first diff %ld)",
-                              n, wd, off, nt, bad);
+                        check(ok, "adam_step n=%zu wd=%g offset=%d threads=%d%s%ld", n, wd, off, nt,
+                              ok ? "" : " first differing element ", ok ? 0L : bad);
                     else
                         g_passed++;
                 }

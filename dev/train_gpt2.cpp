@@ -16,7 +16,6 @@ The optimizer is not here: the step ends by handing the gradients to ZenFlow's
 orchestration (zenflow_cpu.h) or, for plain AdamW, to cpu_adam.cpp.
 */
 #include <math.h>
-#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,6 +27,14 @@ orchestration (zenflow_cpu.h) or, for plain AdamW, to cpu_adam.cpp.
 #include "../llmc/gpt2_file.h"
 #include "../llmc/tokenizer.h"
 #include "../llmc/utils.h"
+
+#ifdef _OPENMP
+#include <omp.h>
+#else
+// built without OpenMP (the ThreadSanitizer test build, see the Makefile): one thread
+static inline int omp_get_max_threads(void) { return 1; }
+static inline void omp_set_num_threads(int) {}
+#endif
 
 // ----------------------------------------------------------------------------
 // forward and backward passes of each layer type
@@ -882,7 +889,7 @@ int main(int argc, char* argv[]) {
                     else if (strcmp(val, "zenflow") == 0) { zcfg.mode = ZF_MODE_ZENFLOW; }
                     else { zf_fail("flag -zo: '%s' is not a mode (adamw, offload or zenflow)", val); }
                     break;
-                case 'k': zcfg.topk = zf_parse_float(flag, val, 0.0, 1.0); break;
+                case 'k': zcfg.topk = zf_parse_double(flag, val, 0.0, 1.0); break;
                 case 'u': zcfg.update_interval = (int)zf_parse_int(flag, val, 1, 1 << 20); break;
                 case 's': zcfg.select_interval = (int)zf_parse_int(flag, val, 0, 1 << 30); break;
                 case 'w': zcfg.warmup = (int)zf_parse_int(flag, val, 0, 1 << 30); break;

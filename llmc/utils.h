@@ -130,7 +130,7 @@ static inline long zf_parse_int(const char* flag, const char* text, long lo, lon
     return value;
 }
 
-static inline float zf_parse_float(const char* flag, const char* text, double lo, double hi) {
+static inline double zf_parse_double(const char* flag, const char* text, double lo, double hi) {
     char* end = NULL;
     errno = 0;
     double value = strtod(text, &end);
@@ -140,7 +140,11 @@ static inline float zf_parse_float(const char* flag, const char* text, double lo
     if (value < lo || value > hi) {
         zf_fail("flag %s: %g is out of range [%g, %g]", flag, value, lo, hi);
     }
-    return (float)value;
+    return value;
+}
+
+static inline float zf_parse_float(const char* flag, const char* text, double lo, double hi) {
+    return (float)zf_parse_double(flag, text, lo, hi);
 }
 
 // ----------------------------------------------------------------------------

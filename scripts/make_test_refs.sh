@@ -8,6 +8,13 @@
 # hand-edited; `make` regenerates it when the reference script or this file changes.
 #   tiny   L=2 C=48 NH=4, V=97 (padded to 128), random tokens: exercises the vocab padding
 #   vocab  L=2 C=64 NH=2, GPT-2's real V=50257, the start of tinyshakespeare's train split
+# and the ZenFlow cases (scripts/zenflow_reference.py), each with zenflow.txt and
+# selections.txt as well (see dev/test_zenflow.cpp):
+#   zf_a  tiny, k=0.1  U=4 S=8 W=0 overlap on : 24 steps = 6 windows, 3 selections
+#   zf_b  tiny, k=0.05 U=3 S=6 W=2 overlap off: warm-up, then windows and reselections
+#   zf_c  tiny, k=0.5  U=2 S=4 W=3 overlap on
+#   zf_d  tiny, offload;  zf_e tiny, adamw (through the same code path)
+#   zf_v  vocab, k=0.1 U=4 S=8 W=0 overlap on (the real vocabulary's wte)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-/usr/bin/python3}
@@ -42,3 +49,26 @@ tokens = data_files.read_shard("data/tinyshakespeare/tiny_shakespeare_train.bin"
 data_files.write_shard(sys.argv[1], np.asarray(tokens[:20000]))
 PY
 make_case vocab 4 32 10 1e-3 0.1 -- --layers 2 --channels 64 --heads 2 --vocab 50257 --max-seq-len 64 --seed 2
+
+# make_zf_case NAME BASE STEPS MODE K U S W OVERLAP
+make_zf_case() {
+    local name=$1 base=$2 steps=$3 mode=$4 k=$5 U=$6 S=$7 W=$8 overlap=$9
+    local dir="$OUT/$name" src="$OUT/$base"
+    mkdir -p "$dir"
+    cp "$src/model.bin" "$src/train.bin" "$dir/"
+    read -r B T _ lr wd < "$src/case.txt"
+    echo "zenflow case $name: $mode k=$k U=$U S=$S W=$W overlap=$overlap, $steps steps"
+    $PYTHON scripts/zenflow_reference.py --model "$dir/model.bin" --data "$dir/train.bin" -b "$B" -t "$T" \
+        --steps "$steps" --lr "$lr" --wd "$wd" --mode "$mode" --topk "$k" --update-interval "$U" \
+        --select-interval "$S" --warmup "$W" --overlap "$overlap" \
+        --out "$dir/losses.txt" --selections "$dir/selections.txt"
+    echo "$B $T $steps $lr $wd" > "$dir/case.txt"
+    echo "$mode $k $U $S $W $overlap" > "$dir/zenflow.txt"
+}
+
+make_zf_case zf_a tiny 24 zenflow 0.1 4 8 0 1
+make_zf_case zf_b tiny 20 zenflow 0.05 3 6 2 0
+make_zf_case zf_c tiny 20 zenflow 0.5 2 4 3 1
+make_zf_case zf_d tiny 12 offload 0 1 0 0 0
+make_zf_case zf_e tiny 12 adamw 1 1 0 0 0
+make_zf_case zf_v vocab 16 zenflow 0.1 4 8 0 1

@@ -46,12 +46,16 @@ skip_test() {
 }
 
 REFS="dev/test/ref/tiny dev/test/ref/vocab"
+ZF_REFS="dev/test/ref/zf_a dev/test/ref/zf_b dev/test/ref/zf_c dev/test/ref/zf_d dev/test/ref/zf_e dev/test/ref/zf_v"
 
 run_test tokenizer "$PYTHON" scripts/test_tokenizer.py
 run_test reference "$PYTHON" scripts/test_reference.py
 run_test test_gpt2cpu ./test_gpt2cpu $REFS
+run_test test_zenflow ./test_zenflow $ZF_REFS
 run_test cpu_adam ./test_cpu_adam
 run_test cpu_adam_tsan ./test_cpu_adam_tsan
+# the orchestration under ThreadSanitizer: the overlap cases, where the updater thread works
+run_test zenflow_tsan ./test_zenflow_tsan dev/test/ref/zf_a
 run_test bad_input_cpu "$PYTHON" scripts/test_bad_input.py ./train_gpt2cpu
 
 if [ -x ./test_gpt2cu ]; then

@@ -1,0 +1,152 @@
+/*
+Shared by the kernel files in dev/cuda (llm.c's dev/cuda convention): each file holds the
+CPU reference of one kernel family (the math of dev/train_gpt2.cpp), validates the
+trainer's kernels (llmc/cuda_kernels.cuh, the very code train_gpt2.cu runs) against it on
+random data at several sizes, then times them.
+
+- validate_result: copies a device result back and compares it with the CPU reference,
+  "relative to the tensor" like the tests (max |gpu - cpu| / max |cpu|); tolerance 0 means
+  bitwise equal. Prints one line; returns 1 on failure (the program's exit code counts them).
+- benchmark_us: mean time of a launch over `repeats` runs, timed with CUDA events, with the
+  L2 cache flushed before each run (otherwise a kernel re-reading its own input from a
+  50 MB L2 would look faster than it is).
+- report_bandwidth: µs, GB/s and the fraction of a peak copy bandwidth, 4300 GB/s by default
+  (an H200's measured device-to-device copy), or ZF_PEAK_GBS=<GB/s> from the environment.
+Without a CUDA device every program prints "<name>: SKIPPED (...)" and exits 0.
+*/
+#ifndef DEV_CUDA_COMMON_H
+#define DEV_CUDA_COMMON_H
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "../../llmc/cuda_kernels.cuh"
+
+static int g_checks = 0, g_failures = 0;
+
+// exits 0 with a SKIPPED line if there is no device; else selects device 0 and prints it
+static void setup_device(const char* prog) {
+    char reason[256];
+    if (!zf_cuda_device_available(reason, sizeof(reason))) {
+        printf("%s: SKIPPED (no CUDA device: %s)\n", prog, reason);
+        exit(0);
+    }
+    cudaDeviceProp prop = zf_cuda_init_device();
+    printf("%s on %s (compute capability %d.%d, %d SMs)\n", prog, prop.name, prop.major, prop.minor,
+           prop.multiProcessorCount);
+}
+
+// the last line, and the exit code
+static int finish(const char* prog) {
+    printf("%s: %d checks, %d failed\n", prog, g_checks, g_failures);
+    return g_failures == 0 ? 0 : 1;
+}
+
+// ----------------------------------------------------------------------------
+// data
+
+static float* random_floats(size_t n, float lo, float hi, uint64_t* rng) {
+    float* x = (float*)malloc_check(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) { x[i] = lo + (hi - lo) * zf_random_f32(rng); }
+    return x;
+}
+
+static int* random_ints(size_t n, int below, uint64_t* rng) {
+    int* x = (int*)malloc_check(n * sizeof(int));
+    for (size_t i = 0; i < n; i++) { x[i] = (int)(zf_random_u32(rng) % (uint32_t)below); }
+    return x;
+}
+
+static float* to_device(const float* host, size_t n) {
+    float* d = cuda_malloc(n * sizeof(float), "test data");
+    cudaCheck(cudaMemcpy(d, host, n * sizeof(float), cudaMemcpyHostToDevice));
+    return d;
+}
+
+static int* to_device_ints(const int* host, size_t n) {
+    int* d = (int*)cuda_malloc(n * sizeof(int), "test data");
+    cudaCheck(cudaMemcpy(d, host, n * sizeof(int), cudaMemcpyHostToDevice));
+    return d;
+}
+
+// ----------------------------------------------------------------------------
+// validation
+
+static int validate_result(const float* device_result, const float* ref, size_t n, const char* name,
+                           double tolerance) {
+    float* got = (float*)malloc_check(n * sizeof(float));
+    cudaCheck(cudaMemcpy(got, device_result, n * sizeof(float), cudaMemcpyDeviceToHost));
+    double max_err = 0.0, max_ref = 0.0;
+    size_t worst = 0;
+    for (size_t i = 0; i < n; i++) {
+        double err = fabs((double)got[i] - (double)ref[i]);
+        if (!(err <= max_err)) {  // also catches nan
+            max_err = err;
+            worst = i;
+        }
+        if (fabs((double)ref[i]) > max_ref) { max_ref = fabs((double)ref[i]); }
+    }
+    double rel = max_ref > 0.0 ? max_err / max_ref : max_err;
+    int ok = tolerance == 0.0 ? memcmp(got, ref, n * sizeof(float)) == 0 : rel <= tolerance;
+    printf("  %-34s %10zu values  max|err| %.2e  rel %.2e  (tol %s%.0e)  %s", name, n, max_err, rel,
+           tolerance == 0.0 ? "bitwise, " : "", tolerance, ok ? "ok\n" : "FAIL");
+    if (!ok) { printf(" (worst at %zu: gpu %.8g cpu %.8g)\n", worst, got[worst], ref[worst]); }
+    free(got);
+    g_checks++;
+    g_failures += !ok;
+    return !ok;
+}
+
+// ----------------------------------------------------------------------------
+// timing
+
+// mean µs per call of launch() over `repeats` calls, L2 flushed before each
+template <typename Launch>
+static float benchmark_us(int repeats, Launch launch) {
+    static void* flush_buffer = NULL;
+    static size_t flush_bytes = 0;
+    if (flush_buffer == NULL) {
+        int l2 = 0;
+        cudaCheck(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, 0));
+        flush_bytes = 2 * (size_t)(l2 > 0 ? l2 : 64 << 20);
+        cudaCheck(cudaMalloc(&flush_buffer, flush_bytes));
+    }
+    cudaEvent_t start, stop;
+    cudaCheck(cudaEventCreate(&start));
+    cudaCheck(cudaEventCreate(&stop));
+    launch();  // warm-up: first-call costs (module load, cuBLASLt heuristic) are not timed
+    float total_ms = 0.0f;
+    for (int i = 0; i < repeats; i++) {
+        cudaCheck(cudaMemset(flush_buffer, i & 1, flush_bytes));
+        cudaCheck(cudaEventRecord(start));
+        launch();
+        cudaCheck(cudaEventRecord(stop));
+        cudaCheck(cudaEventSynchronize(stop));
+        float ms = 0.0f;
+        cudaCheck(cudaEventElapsedTime(&ms, start, stop));
+        total_ms += ms;
+    }
+    cudaCheck(cudaEventDestroy(start));
+    cudaCheck(cudaEventDestroy(stop));
+    return total_ms * 1000.0f / repeats;
+}
+
+static double peak_gbs(void) {
+    const char* env = getenv("ZF_PEAK_GBS");
+    double v = env != NULL ? atof(env) : 0.0;
+    return v > 0.0 ? v : 4300.0;
+}
+
+// bytes: what the kernel must move at least (each input read once, each output written once)
+static void report_bandwidth(const char* name, float us, double bytes) {
+    double gbs = bytes / (us * 1e-6) / 1e9;
+    printf("  %-34s %9.1f us  %8.1f GB/s  %5.1f%% of %.0f GB/s\n", name, us, gbs, 100.0 * gbs / peak_gbs(),
+           peak_gbs());
+}
+
+static void report_flops(const char* name, float us, double flops) {
+    printf("  %-34s %9.1f us  %8.1f TFLOP/s\n", name, us, flops / (us * 1e-6) / 1e12);
+}
+
+#endif  // DEV_CUDA_COMMON_H

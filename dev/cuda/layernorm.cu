@@ -1,0 +1,160 @@
+/*
+LayerNorm, forward and backward.
+
+  forward:  one warp per row: mean, variance (two passes, as the CPU), out = norm * w + b
+  backward: one warp per row for dinp; dweight/dbias as deterministic two-pass column sums
+            (per-chunk partial sums, then each column adds its chunks in order)
+Tolerances: the warp sums add in another order than the CPU's serial loops, so results
+agree to a few ulps times the length of the sums: 1e-5 for the forward, 1e-5 for dinp,
+1e-4 for dweight/dbias (sums over all N rows).
+
+  make -C dev/cuda && ../../build/cuda/layernorm
+*/
+#include "common.h"
+
+// ----------------------------------------------------------------------------
+// CPU reference (dev/train_gpt2.cpp)
+
+static void layernorm_forward_cpu(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                                  const float* bias, int N, int C) {
+    const float eps = 1e-5f;
+    for (int bt = 0; bt < N; bt++) {
+        const float* x = inp + (size_t)bt * C;
+        float m = 0.0f;
+        for (int c = 0; c < C; c++) { m += x[c]; }
+        m = m / C;
+        float var = 0.0f;
+        for (int c = 0; c < C; c++) {
+            float diff = x[c] - m;
+            var += diff * diff;
+        }
+        var = var / C;
+        float s = 1.0f / sqrtf(var + eps);
+        float* o = out + (size_t)bt * C;
+        for (int c = 0; c < C; c++) { o[c] = (x[c] - m) * s * weight[c] + bias[c]; }
+        mean[bt] = m;
+        rstd[bt] = s;
+    }
+}
+
+static void layernorm_backward_cpu(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                                   const float* weight, const float* mean, const float* rstd, int N, int C) {
+    for (int bt = 0; bt < N; bt++) {
+        const float* d = dout + (size_t)bt * C;
+        const float* x = inp + (size_t)bt * C;
+        float m = mean[bt], s = rstd[bt];
+        float dnorm_mean = 0.0f, dnorm_norm_mean = 0.0f;
+        for (int c = 0; c < C; c++) {
+            float norm = (x[c] - m) * s;
+            float dnorm = weight[c] * d[c];
+            dnorm_mean += dnorm;
+            dnorm_norm_mean += dnorm * norm;
+        }
+        dnorm_mean = dnorm_mean / C;
+        dnorm_norm_mean = dnorm_norm_mean / C;
+        float* dx = dinp + (size_t)bt * C;
+        for (int c = 0; c < C; c++) {
+            float norm = (x[c] - m) * s;
+            float dnorm = weight[c] * d[c];
+            dx[c] += (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s;
+            dbias[c] += d[c];
+            dweight[c] += norm * d[c];
+        }
+    }
+}
+
+// ----------------------------------------------------------------------------
+
+static void validate(int N, int C, uint64_t* rng) {
+    printf("N=%d C=%d\n", N, C);
+    size_t NC = (size_t)N * C;
+    float* inp = random_floats(NC, -2.0f, 3.0f, rng);  // mean != 0 on purpose
+    float* weight = random_floats(C, 0.5f, 1.5f, rng);
+    float* bias = random_floats(C, -0.5f, 0.5f, rng);
+    float* dout = random_floats(NC, -1.0f, 1.0f, rng);
+    float* dinp = random_floats(NC, -1.0f, 1.0f, rng);  // gradients start non-zero: the kernels add
+    float* dweight = random_floats(C, -1.0f, 1.0f, rng);
+    float* dbias = random_floats(C, -1.0f, 1.0f, rng);
+    float* out = (float*)malloc_check(NC * sizeof(float));
+    float* mean = (float*)malloc_check(N * sizeof(float));
+    float* rstd = (float*)malloc_check(N * sizeof(float));
+
+    float *d_inp = to_device(inp, NC), *d_weight = to_device(weight, C), *d_bias = to_device(bias, C);
+    float *d_dout = to_device(dout, NC), *d_dinp = to_device(dinp, NC);
+    float *d_dweight = to_device(dweight, C), *d_dbias = to_device(dbias, C);
+    float* d_out = cuda_malloc(NC * sizeof(float), "out");
+    float* d_mean = cuda_malloc(N * sizeof(float), "mean");
+    float* d_rstd = cuda_malloc(N * sizeof(float), "rstd");
+    float* d_scratch = cuda_malloc((size_t)2 * COLSUM_MAX_CHUNKS * C * sizeof(float), "scratch");
+
+    layernorm_forward_cpu(out, mean, rstd, inp, weight, bias, N, C);
+    layernorm_forward(d_out, d_mean, d_rstd, d_inp, d_weight, d_bias, N, C);
+    validate_result(d_out, out, NC, "layernorm_forward out", 1e-5);
+    validate_result(d_mean, mean, N, "layernorm_forward mean", 1e-5);
+    validate_result(d_rstd, rstd, N, "layernorm_forward rstd", 1e-5);
+
+    // the backward pass uses the CPU's mean/rstd on both sides, so it is tested on its own
+    cudaCheck(cudaMemcpy(d_mean, mean, N * sizeof(float), cudaMemcpyHostToDevice));
+    cudaCheck(cudaMemcpy(d_rstd, rstd, N * sizeof(float), cudaMemcpyHostToDevice));
+    layernorm_backward_cpu(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
+    layernorm_backward(d_dinp, d_dweight, d_dbias, d_scratch, d_dout, d_inp, d_weight, d_mean, d_rstd, N, C);
+    validate_result(d_dinp, dinp, NC, "layernorm_backward dinp", 1e-5);
+    validate_result(d_dweight, dweight, C, "layernorm_backward dweight", 1e-4);
+    validate_result(d_dbias, dbias, C, "layernorm_backward dbias", 1e-4);
+
+    // determinism: the same call twice gives the same bits
+    float* first = (float*)malloc_check(C * sizeof(float));
+    cudaCheck(cudaMemset(d_dweight, 0, C * sizeof(float)));
+    cudaCheck(cudaMemset(d_dbias, 0, C * sizeof(float)));
+    layernorm_backward(d_dinp, d_dweight, d_dbias, d_scratch, d_dout, d_inp, d_weight, d_mean, d_rstd, N, C);
+    cudaCheck(cudaMemcpy(first, d_dweight, C * sizeof(float), cudaMemcpyDeviceToHost));
+    cudaCheck(cudaMemset(d_dweight, 0, C * sizeof(float)));
+    layernorm_backward(d_dinp, d_dweight, d_dbias, d_scratch, d_dout, d_inp, d_weight, d_mean, d_rstd, N, C);
+    validate_result(d_dweight, first, C, "layernorm_backward repeatable", 0.0);
+
+    free(first);
+    free(inp); free(weight); free(bias); free(dout); free(dinp); free(dweight); free(dbias);
+    free(out); free(mean); free(rstd);
+    float* dev[] = {d_inp, d_weight, d_bias, d_dout, d_dinp, d_dweight, d_dbias, d_out, d_mean, d_rstd, d_scratch};
+    for (float* p : dev) { cudaCheck(cudaFree(p)); }
+}
+
+static void benchmark(int N, int C, uint64_t* rng) {
+    printf("benchmark N=%d C=%d\n", N, C);
+    size_t NC = (size_t)N * C;
+    float* h = random_floats(NC, -1.0f, 1.0f, rng);
+    float *inp = to_device(h, NC), *dout = to_device(h, NC), *dinp = to_device(h, NC);
+    float *weight = to_device(h, C), *bias = to_device(h + C, C), *dweight = to_device(h, C), *dbias = to_device(h, C);
+    float* out = cuda_malloc(NC * sizeof(float), "out");
+    float* mean = cuda_malloc(N * sizeof(float), "mean");
+    float* rstd = cuda_malloc(N * sizeof(float), "rstd");
+    float* scratch = cuda_malloc((size_t)2 * COLSUM_MAX_CHUNKS * C * sizeof(float), "scratch");
+    float us = benchmark_us(20, [&] { layernorm_forward(out, mean, rstd, inp, weight, bias, N, C); });
+    report_bandwidth("layernorm_forward", us, 2.0 * NC * 4);  // read inp, write out
+    us = benchmark_us(20, [&] {
+        layernorm_backward(dinp, dweight, dbias, scratch, dout, inp, weight, mean, rstd, N, C);
+    });
+    // dout and inp read, dinp read and written (the column sums read dout and inp again)
+    report_bandwidth("layernorm_backward", us, 4.0 * NC * 4);
+    us = benchmark_us(20, [&] {
+        layernorm_backward_input_kernel<<<ceil_div(N, 8), 256>>>(dinp, dout, inp, weight, mean, rstd, N, C);
+    });
+    report_bandwidth("  of which dinp (warp per row)", us, 4.0 * NC * 4);
+    free(h);
+    float* dev[] = {inp, dout, dinp, weight, bias, dweight, dbias, out, mean, rstd, scratch};
+    for (float* p : dev) { cudaCheck(cudaFree(p)); }
+}
+
+int main(void) {
+    setup_device("layernorm");
+    uint64_t rng = 1337;
+    validate(1, 1, &rng);
+    validate(3, 7, &rng);
+    validate(64, 768, &rng);
+    validate(1000, 100, &rng);   // a partial last chunk in the column sums
+    validate(8192, 768, &rng);   // GPT-2 124M's C, B*T = 8 x 1024
+    validate(97, 1600, &rng);    // GPT-2 1.5B's C
+    benchmark(8 * 1024, 768, &rng);
+    benchmark(16 * 1024, 768, &rng);
+    return finish("layernorm");
+}

@@ -1,0 +1,190 @@
+/*
+The weight matmuls through cuBLASLt, forward (with the bias epilogue) and backward (dinp,
+dweight accumulated with beta = 1, dbias as a deterministic column sum), against the CPU
+reference and against a naive kernel (one thread per output) that shows what cuBLASLt buys.
+
+  forward:  out (BT, OC) = inp (BT, C) @ weight^T (OC, C) + bias (OC)
+  backward: dinp = dout @ weight;  dweight += dout^T @ inp;  dbias += column sums of dout
+Row-major matrices are column-major transposes; llmc/cuda_kernels.cuh says how each product
+maps onto cuBLAS's (m, n, k, transa, transb).
+
+Validation with TF32 off (plain fp32, tolerance 1e-5 relative to the tensor: only the order
+of the sums differs) and with TF32 on (5e-3: TF32 rounds both inputs of each product to 10
+mantissa bits, ~1e-3 relative per product, averaging out over the sum). Buffers at odd
+offsets check that the alignments we tell cuBLASLt, and the bias fallback for pointers that
+the epilogue cannot take, work.
+
+  make -C dev/cuda && ../../build/cuda/matmul
+*/
+#include "common.h"
+
+// ----------------------------------------------------------------------------
+// CPU reference (the math of dev/train_gpt2.cpp, written plainly)
+
+static void matmul_forward_cpu(float* out, const float* inp, const float* weight, const float* bias, int BT, int C,
+                               int OC) {
+    for (int r = 0; r < BT; r++) {
+        for (int o = 0; o < OC; o++) {
+            float s = 0.0f;
+            for (int i = 0; i < C; i++) { s += inp[(size_t)r * C + i] * weight[(size_t)o * C + i]; }
+            out[(size_t)r * OC + o] = s + (bias != NULL ? bias[o] : 0.0f);
+        }
+    }
+}
+
+static void matmul_backward_cpu(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                                const float* weight, int BT, int C, int OC) {
+    for (int r = 0; r < BT; r++) {
+        for (int i = 0; i < C; i++) {
+            float s = 0.0f;
+            for (int o = 0; o < OC; o++) { s += dout[(size_t)r * OC + o] * weight[(size_t)o * C + i]; }
+            dinp[(size_t)r * C + i] = s;  // the GPU overwrites dinp
+        }
+    }
+    for (int o = 0; o < OC; o++) {
+        for (int i = 0; i < C; i++) {
+            float s = 0.0f;
+            for (int r = 0; r < BT; r++) { s += dout[(size_t)r * OC + o] * inp[(size_t)r * C + i]; }
+            dweight[(size_t)o * C + i] += s;
+        }
+        float s = 0.0f;
+        for (int r = 0; r < BT; r++) { s += dout[(size_t)r * OC + o]; }
+        dbias[o] += s;
+    }
+}
+
+// ----------------------------------------------------------------------------
+// the naive GPU version: one thread per output element, a serial dot product
+
+__global__ void matmul_forward_naive_kernel(float* out, const float* inp, const float* weight, const float* bias,
+                                            int BT, int C, int OC) {
+    int o = blockIdx.x * blockDim.x + threadIdx.x, r = blockIdx.y;
+    if (o >= OC) { return; }
+    const float* x = inp + (size_t)r * C;
+    const float* w = weight + (size_t)o * C;
+    float s = 0.0f;
+    for (int i = 0; i < C; i++) { s += x[i] * w[i]; }
+    out[(size_t)r * OC + o] = s + (bias != NULL ? bias[o] : 0.0f);
+}
+
+static void matmul_forward_naive(float* out, const float* inp, const float* weight, const float* bias, int BT,
+                                 int C, int OC) {
+    matmul_forward_naive_kernel<<<dim3(ceil_div(OC, 256), BT), 256>>>(out, inp, weight, bias, BT, C, OC);
+    cudaCheck(cudaGetLastError());
+}
+
+// ----------------------------------------------------------------------------
+
+// a device copy at `offset` floats past a fresh (256-byte aligned) allocation
+static float* to_device_at(const float* host, size_t n, int offset, float** base) {
+    *base = cuda_malloc((n + offset) * sizeof(float), "test data");
+    cudaCheck(cudaMemcpy(*base + offset, host, n * sizeof(float), cudaMemcpyHostToDevice));
+    return *base + offset;
+}
+
+static void validate(int BT, int C, int OC, int offset, uint64_t* rng) {
+    printf("BT=%d C=%d OC=%d%s\n", BT, C, OC, offset ? " (buffers offset by 1 float)" : "");
+    size_t n_inp = (size_t)BT * C, n_w = (size_t)OC * C, n_out = (size_t)BT * OC;
+    float* inp = random_floats(n_inp, -1.0f, 1.0f, rng);
+    float* weight = random_floats(n_w, -1.0f, 1.0f, rng);
+    float* bias = random_floats(OC, -1.0f, 1.0f, rng);
+    float* dout = random_floats(n_out, -1.0f, 1.0f, rng);
+    float* dweight = random_floats(n_w, -1.0f, 1.0f, rng);  // gradients start non-zero: they are added to
+    float* dbias = random_floats(OC, -1.0f, 1.0f, rng);
+    float* out = (float*)malloc_check(n_out * sizeof(float));
+    float* dinp = (float*)malloc_check(n_inp * sizeof(float));
+    float *b_inp, *b_w, *b_bias, *b_dout, *b_dw, *b_db, *b_out, *b_dinp;  // the allocations
+    float* d_inp = to_device_at(inp, n_inp, offset, &b_inp);
+    float* d_w = to_device_at(weight, n_w, offset, &b_w);
+    float* d_bias = to_device_at(bias, OC, offset, &b_bias);
+    float* d_dout = to_device_at(dout, n_out, offset, &b_dout);
+    float* d_dw = to_device_at(dweight, n_w, offset, &b_dw);
+    float* d_db = to_device_at(dbias, OC, offset, &b_db);
+    float* d_out = to_device_at(out, n_out, offset, &b_out);
+    float* d_dinp = to_device_at(dinp, n_inp, offset, &b_dinp);
+    float* scratch = cuda_malloc((size_t)COLSUM_MAX_CHUNKS * OC * sizeof(float), "scratch");
+
+    matmul_forward_cpu(out, inp, weight, bias, BT, C, OC);
+    zf_cublas_set_tf32(0);
+    matmul_forward(d_out, d_inp, d_w, d_bias, BT, C, OC);
+    validate_result(d_out, out, n_out, "matmul_forward (fp32)", 1e-5);
+    matmul_forward_naive(d_out, d_inp, d_w, d_bias, BT, C, OC);
+    validate_result(d_out, out, n_out, "matmul_forward_naive", 1e-5);
+    zf_cublas_set_tf32(1);
+    matmul_forward(d_out, d_inp, d_w, d_bias, BT, C, OC);
+    validate_result(d_out, out, n_out, "matmul_forward (TF32)", 5e-3);
+    zf_cublas_set_tf32(0);
+
+    matmul_backward_cpu(dinp, dweight, dbias, dout, inp, weight, BT, C, OC);
+    matmul_backward(d_dinp, d_dw, d_db, scratch, d_dout, d_inp, d_w, BT, C, OC);
+    validate_result(d_dinp, dinp, n_inp, "matmul_backward dinp (fp32)", 1e-5);
+    validate_result(d_dw, dweight, n_w, "matmul_backward dweight (fp32)", 1e-5);
+    validate_result(d_db, dbias, OC, "matmul_backward dbias", 1e-5);
+
+    free(inp); free(weight); free(bias); free(dout); free(dweight); free(dbias); free(out); free(dinp);
+    float* bases[] = {b_inp, b_w, b_bias, b_dout, b_dw, b_db, b_out, b_dinp, scratch};
+    for (float* p : bases) { cudaCheck(cudaFree(p)); }
+}
+
+static void benchmark(const char* name, int BT, int C, int OC, int naive, uint64_t* rng) {
+    printf("benchmark %s: BT=%d C=%d OC=%d\n", name, BT, C, OC);
+    size_t n_inp = (size_t)BT * C, n_w = (size_t)OC * C, n_out = (size_t)BT * OC;
+    float* h = random_floats(n_out > n_w ? (n_out > n_inp ? n_out : n_inp) : (n_w > n_inp ? n_w : n_inp), -1.0f,
+                             1.0f, rng);
+    float *inp = to_device(h, n_inp), *w = to_device(h, n_w), *bias = to_device(h, OC);
+    float *dout = to_device(h, n_out), *dw = to_device(h, n_w), *db = to_device(h, OC);
+    float* out = cuda_malloc(n_out * sizeof(float), "out");
+    float* dinp = cuda_malloc(n_inp * sizeof(float), "dinp");
+    float* scratch = cuda_malloc((size_t)COLSUM_MAX_CHUNKS * OC * sizeof(float), "scratch");
+    double flops = 2.0 * BT * C * OC;
+    char label[96];
+    for (int tf32 = 1; tf32 >= 0; tf32--) {
+        zf_cublas_set_tf32(tf32);
+        float us = benchmark_us(10, [&] { matmul_forward(out, inp, w, bias, BT, C, OC); });
+        snprintf(label, sizeof(label), "forward + bias (%s)", tf32 ? "TF32" : "fp32");
+        report_flops(label, us, flops);
+        us = benchmark_us(10, [&] { matmul_backward(dinp, dw, db, scratch, dout, inp, w, BT, C, OC); });
+        snprintf(label, sizeof(label), "backward (%s)", tf32 ? "TF32" : "fp32");
+        report_flops(label, us, 2.0 * flops);
+    }
+    float us = benchmark_us(10, [&] { bias_backward(db, scratch, dout, BT, OC); });
+    report_bandwidth("  of which dbias (column sums)", us, (double)n_out * 4);
+    if (naive) {
+        us = benchmark_us(3, [&] { matmul_forward_naive(out, inp, w, bias, BT, C, OC); });
+        report_flops("forward, naive kernel", us, flops);
+    }
+    // determinism: the same product twice gives the same bits
+    zf_cublas_set_tf32(1);
+    matmul_forward(out, inp, w, bias, BT, C, OC);
+    float* first = (float*)malloc_check(n_out * sizeof(float));
+    cudaCheck(cudaMemcpy(first, out, n_out * sizeof(float), cudaMemcpyDeviceToHost));
+    matmul_forward(out, inp, w, bias, BT, C, OC);
+    validate_result(out, first, n_out, "forward repeatable (TF32)", 0.0);
+    zf_cublas_set_tf32(0);
+    free(first);
+    free(h);
+    float* all[] = {inp, w, bias, dout, dw, db, out, dinp, scratch};
+    for (float* p : all) { cudaCheck(cudaFree(p)); }
+}
+
+int main(void) {
+    setup_device("matmul");
+    zf_cublas_init(0);
+    uint64_t rng = 1337;
+    validate(1, 1, 1, 0, &rng);
+    validate(8, 16, 24, 0, &rng);
+    validate(37, 50, 70, 0, &rng);    // odd sizes
+    validate(37, 50, 70, 1, &rng);    // odd sizes at 4-byte aligned addresses (bias: the fallback)
+    validate(64, 768, 2304, 0, &rng); // qkv of GPT-2 124M
+    validate(64, 768, 2304, 1, &rng);
+    validate(256, 3072, 768, 0, &rng);  // fcproj
+    validate(16, 768, 50304, 0, &rng);  // the classifier (tied wte, no bias in the trainer)
+    const int BT = 8 * 1024, C = 768;
+    benchmark("qkv", BT, C, 3 * C, 0, &rng);
+    benchmark("attproj", BT, C, C, 0, &rng);
+    benchmark("fc", BT, C, 4 * C, 1, &rng);
+    benchmark("fcproj", BT, 4 * C, C, 0, &rng);
+    benchmark("classifier", BT, C, 50304, 0, &rng);
+    zf_cublas_free();
+    return finish("matmul");
+}

@@ -1,0 +1,854 @@
+/*
+The CUDA kernels of the GPT-2 trainer, shared by train_gpt2.cu, test_gpt2.cu and dev/cuda/.
+
+Every kernel computes the same math as the CPU reference (dev/train_gpt2.cpp), operation
+for operation where it can: the same expressions in the same order, so that the only
+differences to the CPU are the order of long sums (warp/block reductions, cuBLAS) and the
+last ulp of expf/logf/tanhf. Build with `-fmad=false` and without --use_fast_math:
+- -fmad=false stops nvcc from fusing a*b+c into one FMA (one rounding instead of two);
+  AdamW (spec 3.1) is then bitwise the CPU's, and the rest stays closest to it;
+- --use_fast_math would turn expf/sqrtf/division into approximations and flush denormals.
+
+Determinism: no atomics anywhere. Every reduction has a fixed shape that depends only on
+the problem size: warp shuffles in a fixed butterfly, block reductions through shared
+memory, and sums over rows (bias / LayerNorm parameter gradients) in two passes, per-chunk
+partial sums then one thread per column adding the chunks in order. The embedding gradient
+adds the positions of each token in position order (the host buckets positions by token).
+cuBLASLt is deterministic for a given algorithm; we pick it once per problem shape.
+
+Matrices are row-major here (like the CPU code and the files) and column-major in cuBLAS.
+A row-major (R, C) matrix is the same memory as a column-major (C, R) matrix, its
+transpose; write X_cm for "X's memory read column-major" (= X^T). Then every product is
+computed transposed: out (BT, OC) = inp (BT, C) @ W^T, W (OC, C), is in cuBLAS terms
+out_cm (OC, BT) = W_cm^T (OC, C) inp_cm (C, BT): m = OC, n = BT, k = C, transa.
+Each matmul below spells out its (m, n, k, transa, transb) with that rule.
+
+Naming: B batch, T time, C channels, NH heads, hs = C/NH, L layers, V vocab, Vp padded vocab.
+*/
+#ifndef LLMC_CUDA_KERNELS_CUH
+#define LLMC_CUDA_KERNELS_CUH
+
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+
+#include "utils.h"
+
+// ----------------------------------------------------------------------------
+// error checks: one line, naming the call, file and line, with a hint
+
+static inline void zf_cuda_check_(cudaError_t err, const char* call, const char* file, int line) {
+    if (err != cudaSuccess) {
+        zf_fail("CUDA error '%s' in %s at %s:%d (hint: run with CUDA_LAUNCH_BLOCKING=1 to find "
+                "the kernel that failed, or under compute-sanitizer for bad memory accesses)",
+                cudaGetErrorString(err), call, file, line);
+    }
+}
+#define cudaCheck(call) zf_cuda_check_((call), #call, __FILE__, __LINE__)
+
+static inline void zf_cublas_check_(cublasStatus_t status, const char* call, const char* file,
+                                    int line) {
+    if (status != CUBLAS_STATUS_SUCCESS) {
+        zf_fail("cuBLAS error '%s' in %s at %s:%d (hint: an unsupported shape or alignment; "
+                "CUBLASLT_LOG_LEVEL=5 makes cuBLASLt say why)",
+                cublasLtGetStatusString(status), call, file, line);
+    }
+}
+#define cublasCheck(call) zf_cublas_check_((call), #call, __FILE__, __LINE__)
+
+// cudaMalloc that names what did not fit and how much memory was left
+static inline float* zf_cuda_malloc_(size_t bytes, const char* what, const char* file, int line) {
+    void* ptr = NULL;
+    cudaError_t err = cudaMalloc(&ptr, bytes);
+    if (err != cudaSuccess) {
+        size_t free_bytes = 0, total_bytes = 0;
+        cudaGetLastError();  // clear the error so cudaMemGetInfo can answer
+        cudaMemGetInfo(&free_bytes, &total_bytes);
+        zf_fail("out of GPU memory: cudaMalloc of %.1f MiB for %s failed (%s; %.1f MiB free of "
+                "%.1f MiB) at %s:%d (hint: lower -b or -t, or use a smaller model)",
+                bytes / 1048576.0, what, cudaGetErrorString(err), free_bytes / 1048576.0,
+                total_bytes / 1048576.0, file, line);
+    }
+    return (float*)ptr;
+}
+#define cuda_malloc(bytes, what) zf_cuda_malloc_(bytes, what, __FILE__, __LINE__)
+
+// 1 if a CUDA device can be used; else 0 and the reason in `reason`
+static inline int zf_cuda_device_available(char* reason, size_t size) {
+    int count = 0;
+    cudaError_t err = cudaGetDeviceCount(&count);
+    if (err != cudaSuccess) {
+        snprintf(reason, size, "cudaGetDeviceCount: %s", cudaGetErrorString(err));
+        return 0;
+    }
+    if (count == 0) {
+        snprintf(reason, size, "cudaGetDeviceCount found 0 devices");
+        return 0;
+    }
+    snprintf(reason, size, "%d device(s)", count);
+    return 1;
+}
+
+// picks device 0 or fails with one line; returns its properties
+static inline cudaDeviceProp zf_cuda_init_device(void) {
+    char reason[256];
+    if (!zf_cuda_device_available(reason, sizeof(reason))) {
+        zf_fail("no CUDA device (%s)", reason);
+    }
+    cudaCheck(cudaSetDevice(0));
+    cudaDeviceProp prop;
+    cudaCheck(cudaGetDeviceProperties(&prop, 0));
+    return prop;
+}
+
+static inline int ceil_div(size_t a, size_t b) { return (int)((a + b - 1) / b); }
+
+// ----------------------------------------------------------------------------
+// reductions. The xor butterfly leaves the same sum in every lane (a+b == b+a exactly), so
+// every thread sees the same, deterministic value.
+
+__device__ inline float warp_sum(float v) {
+    for (int offset = 16; offset > 0; offset >>= 1) { v += __shfl_xor_sync(0xffffffff, v, offset); }
+    return v;
+}
+
+__device__ inline float warp_max(float v) {
+    for (int offset = 16; offset > 0; offset >>= 1) {
+        v = fmaxf(v, __shfl_xor_sync(0xffffffff, v, offset));
+    }
+    return v;
+}
+
+// sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets it
+__device__ inline float block_sum(float v) {
+    __shared__ float partial[32];
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32, num_warps = blockDim.x / 32;
+    v = warp_sum(v);
+    __syncthreads();  // an earlier call may still be reading `partial`
+    if (lane == 0) { partial[warp] = v; }
+    __syncthreads();
+    return warp_sum(lane < num_warps ? partial[lane] : 0.0f);
+}
+
+__device__ inline float block_max(float v) {
+    __shared__ float partial[32];
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32, num_warps = blockDim.x / 32;
+    v = warp_max(v);
+    __syncthreads();
+    if (lane == 0) { partial[warp] = v; }
+    __syncthreads();
+    return warp_max(lane < num_warps ? partial[lane] : -INFINITY);
+}
+
+// Column sums over rows in two deterministic passes. Pass 1: block (32, 8) owns 32 columns
+// and one chunk of rows; each thread sums every 8th row of the chunk, then the 8 partial
+// sums are added in order. Pass 2: one thread per column adds the chunks in order.
+// The chunking depends only on the number of rows, never on timing.
+#define COLSUM_MAX_CHUNKS 128
+
+static inline int colsum_rows_per_chunk(int rows) {
+    int per_chunk = ceil_div(rows, COLSUM_MAX_CHUNKS);
+    return ceil_div(per_chunk, 8) * 8;  // a whole number of rows per thread
+}
+
+// out[c] += sum over chunks k of partial[k * cols + c], k in order
+__global__ void column_sum_finalize_kernel(float* __restrict__ out, const float* __restrict__ partial,
+                                           int num_chunks, int cols) {
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= cols) { return; }
+    float sum = 0.0f;
+    for (int k = 0; k < num_chunks; k++) { sum += partial[(size_t)k * cols + c]; }
+    out[c] += sum;
+}
+
+// ----------------------------------------------------------------------------
+// encoder: token + position embeddings
+
+// out[b,t,:] = wte[inp[b,t],:] + wpe[t,:]
+__global__ void encoder_forward_kernel(float* __restrict__ out,                              // (B, T, C)
+                                       const int* __restrict__ inp,                          // (B, T)
+                                       const float* __restrict__ wte, const float* __restrict__ wpe,  // (Vp, C), (maxT, C)
+                                       int B, int T, int C) {
+    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (size_t)B * T * C) { return; }
+    int c = (int)(idx % C);
+    size_t bt = idx / C;
+    int t = (int)(bt % T);
+    out[idx] = wte[(size_t)inp[bt] * C + c] + wpe[(size_t)t * C + c];
+}
+
+static inline void encoder_forward(float* out, const int* inp, const float* wte, const float* wpe,
+                                   int B, int T, int C) {
+    const int block = 256;
+    encoder_forward_kernel<<<ceil_div((size_t)B * T * C, block), block>>>(out, inp, wte, wpe, B, T, C);
+    cudaCheck(cudaGetLastError());
+}
+
+// The positions of the batch grouped by token (a counting sort on the host, stable, so each
+// token's positions stay in increasing order). Returns the number of distinct tokens.
+//   tokens[j]              the j-th distinct token, ascending           (num_buckets)
+//   starts[j]..starts[j+1] its range in positions                       (num_buckets + 1)
+//   positions              b*T+t of every position, grouped by token    (B*T)
+// counts is scratch of V ints, all zero on entry and on return.
+static inline int encoder_backward_buckets(const int* inp, int BT, int V, int* positions, int* tokens,
+                                           int* starts, int* counts) {
+    for (int i = 0; i < BT; i++) { counts[inp[i]]++; }
+    int num_buckets = 0, offset = 0;
+    for (int v = 0; v < V; v++) {
+        if (counts[v] == 0) { continue; }
+        tokens[num_buckets] = v;
+        starts[num_buckets] = offset;
+        num_buckets++;
+        offset += counts[v];
+        counts[v] = starts[num_buckets - 1];  // from here on: where v's next position goes
+    }
+    starts[num_buckets] = offset;
+    for (int i = 0; i < BT; i++) { positions[counts[inp[i]]++] = i; }
+    for (int j = 0; j < num_buckets; j++) { counts[tokens[j]] = 0; }
+    return num_buckets;
+}
+
+// dwte[token, c] += dout[p, c] for the token's positions p in order: the CPU's order, so the
+// sum is the CPU's bit for bit. One thread per (token, channel); channels are coalesced.
+__global__ void encoder_backward_wte_kernel(float* __restrict__ dwte,                   // (Vp, C)
+                                            const float* __restrict__ dout,             // (B, T, C)
+                                            const int* __restrict__ positions,          // (B*T)
+                                            const int* __restrict__ tokens,             // (num_buckets)
+                                            const int* __restrict__ starts,             // (num_buckets + 1)
+                                            int C) {
+    int bucket = blockIdx.x;
+    int c = blockIdx.y * blockDim.x + threadIdx.x;
+    if (c >= C) { return; }
+    float* dw = dwte + (size_t)tokens[bucket] * C + c;
+    float acc = *dw;
+    for (int j = starts[bucket]; j < starts[bucket + 1]; j++) { acc += dout[(size_t)positions[j] * C + c]; }
+    *dw = acc;
+}
+
+// dwpe[t, c] += dout[b, t, c] for b in order (the CPU's order)
+__global__ void encoder_backward_wpe_kernel(float* __restrict__ dwpe,        // (maxT, C)
+                                            const float* __restrict__ dout,  // (B, T, C)
+                                            int B, int T, int C) {
+    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (size_t)T * C) { return; }
+    float acc = dwpe[idx];
+    for (int b = 0; b < B; b++) { acc += dout[(size_t)b * T * C + idx]; }
+    dwpe[idx] = acc;
+}
+
+static inline void encoder_backward(float* dwte, float* dwpe, const float* dout, const int* positions,
+                                    const int* tokens, const int* starts, int num_buckets, int B,
+                                    int T, int C) {
+    const int block = 256;
+    dim3 grid(num_buckets, ceil_div(C, block));
+    encoder_backward_wte_kernel<<<grid, block>>>(dwte, dout, positions, tokens, starts, C);
+    cudaCheck(cudaGetLastError());
+    encoder_backward_wpe_kernel<<<ceil_div((size_t)T * C, block), block>>>(dwpe, dout, B, T, C);
+    cudaCheck(cudaGetLastError());
+}
+
+// ----------------------------------------------------------------------------
+// LayerNorm: one warp per (b,t) row
+
+__global__ void layernorm_forward_kernel(float* __restrict__ out, float* __restrict__ mean,
+                                         float* __restrict__ rstd,             // (N, C), (N), (N)
+                                         const float* __restrict__ inp,        // (N, C)
+                                         const float* __restrict__ weight,
+                                         const float* __restrict__ bias,       // (C), (C)
+                                         int N, int C) {
+    int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (row >= N) { return; }
+    const float* x = inp + (size_t)row * C;
+    float sum = 0.0f;
+    for (int c = lane; c < C; c += 32) { sum += x[c]; }
+    float m = warp_sum(sum) / C;
+    float var = 0.0f;
+    for (int c = lane; c < C; c += 32) {
+        float diff = x[c] - m;
+        var += diff * diff;
+    }
+    var = warp_sum(var) / C;
+    float s = 1.0f / sqrtf(var + 1e-5f);
+    float* o = out + (size_t)row * C;
+    for (int c = lane; c < C; c += 32) { o[c] = (x[c] - m) * s * weight[c] + bias[c]; }
+    if (lane == 0) {
+        mean[row] = m;
+        rstd[row] = s;
+    }
+}
+
+static inline void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
+                                     const float* weight, const float* bias, int N, int C) {
+    const int block = 256;  // 8 rows per block
+    layernorm_forward_kernel<<<ceil_div(N, block / 32), block>>>(out, mean, rstd, inp, weight, bias, N, C);
+    cudaCheck(cudaGetLastError());
+}
+
+// dinp += rstd * (dnorm - mean(dnorm) - norm * mean(dnorm * norm)), dnorm = weight * dout
+__global__ void layernorm_backward_input_kernel(float* __restrict__ dinp,        // (N, C)
+                                                const float* __restrict__ dout,  // (N, C)
+                                                const float* __restrict__ inp,   // (N, C)
+                                                const float* __restrict__ weight,  // (C)
+                                                const float* __restrict__ mean,
+                                                const float* __restrict__ rstd,  // (N), (N)
+                                                int N, int C) {
+    int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (row >= N) { return; }
+    const float* d = dout + (size_t)row * C;
+    const float* x = inp + (size_t)row * C;
+    float m = mean[row], s = rstd[row];
+    float dnorm_mean = 0.0f, dnorm_norm_mean = 0.0f;
+    for (int c = lane; c < C; c += 32) {
+        float norm = (x[c] - m) * s;
+        float dnorm = weight[c] * d[c];
+        dnorm_mean += dnorm;
+        dnorm_norm_mean += dnorm * norm;
+    }
+    dnorm_mean = warp_sum(dnorm_mean) / C;
+    dnorm_norm_mean = warp_sum(dnorm_norm_mean) / C;
+    float* dx = dinp + (size_t)row * C;
+    for (int c = lane; c < C; c += 32) {
+        float norm = (x[c] - m) * s;
+        float dnorm = weight[c] * d[c];
+        dx[c] += (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s;
+    }
+}
+
+// pass 1 of dweight += sum_rows norm * dout and dbias += sum_rows dout (see column sums above)
+__global__ void layernorm_param_grad_partial_kernel(float* __restrict__ partial_w,
+                                                    float* __restrict__ partial_b,  // (chunks, C) each
+                                                    const float* __restrict__ dout,
+                                                    const float* __restrict__ inp,  // (N, C) each
+                                                    const float* __restrict__ mean,
+                                                    const float* __restrict__ rstd,  // (N) each
+                                                    int N, int C, int rows_per_chunk) {
+    __shared__ float sw[8][32], sb[8][32];
+    int c = blockIdx.x * 32 + threadIdx.x;
+    int r0 = blockIdx.y * rows_per_chunk;
+    int r1 = min(r0 + rows_per_chunk, N);
+    float dw = 0.0f, db = 0.0f;
+    if (c < C) {
+        for (int r = r0 + threadIdx.y; r < r1; r += 8) {
+            float d = dout[(size_t)r * C + c];
+            db += d;
+            dw += (inp[(size_t)r * C + c] - mean[r]) * rstd[r] * d;
+        }
+    }
+    sw[threadIdx.y][threadIdx.x] = dw;
+    sb[threadIdx.y][threadIdx.x] = db;
+    __syncthreads();
+    if (threadIdx.y == 0 && c < C) {
+        float w = 0.0f, b = 0.0f;
+        for (int y = 0; y < 8; y++) {
+            w += sw[y][threadIdx.x];
+            b += sb[y][threadIdx.x];
+        }
+        partial_w[(size_t)blockIdx.y * C + c] = w;
+        partial_b[(size_t)blockIdx.y * C + c] = b;
+    }
+}
+
+// ADDS into dinp, dweight and dbias. scratch: at least 2 * COLSUM_MAX_CHUNKS * C floats.
+static inline void layernorm_backward(float* dinp, float* dweight, float* dbias, float* scratch,
+                                      const float* dout, const float* inp, const float* weight,
+                                      const float* mean, const float* rstd, int N, int C) {
+    const int block = 256;
+    layernorm_backward_input_kernel<<<ceil_div(N, block / 32), block>>>(dinp, dout, inp, weight, mean,
+                                                                        rstd, N, C);
+    cudaCheck(cudaGetLastError());
+    int rows_per_chunk = colsum_rows_per_chunk(N), chunks = ceil_div(N, rows_per_chunk);
+    float* partial_w = scratch;
+    float* partial_b = scratch + (size_t)chunks * C;
+    layernorm_param_grad_partial_kernel<<<dim3(ceil_div(C, 32), chunks), dim3(32, 8)>>>(
+        partial_w, partial_b, dout, inp, mean, rstd, N, C, rows_per_chunk);
+    cudaCheck(cudaGetLastError());
+    column_sum_finalize_kernel<<<ceil_div(C, block), block>>>(dweight, partial_w, chunks, C);
+    cudaCheck(cudaGetLastError());
+    column_sum_finalize_kernel<<<ceil_div(C, block), block>>>(dbias, partial_b, chunks, C);
+    cudaCheck(cudaGetLastError());
+}
+
+// ----------------------------------------------------------------------------
+// matmuls through cuBLASLt (fp32 in and out; TF32 tensor cores if enabled)
+
+static cublasLtHandle_t zf_cublaslt_handle;
+static void* zf_cublaslt_workspace = NULL;
+static const size_t ZF_CUBLASLT_WORKSPACE_BYTES = 32u << 20;  // 32 MiB, allocated once
+// TF32 rounds the inputs of each product to 10 mantissa bits: ~8x faster, ~1e-3 relative
+// error per product. CUBLAS_COMPUTE_32F is plain fp32 (the tests use it).
+static cublasComputeType_t zf_cublas_compute = CUBLAS_COMPUTE_32F_FAST_TF32;
+
+// The algorithm cuBLASLt's heuristic picks for a problem, cached by everything the choice
+// depends on, so that each shape costs one heuristic query per run (and always gets the
+// same algorithm, which is what makes repeated runs bitwise equal).
+#define ZF_ALGO_CACHE_SIZE 64
+#define ZF_ALGO_KEY_LEN 16
+typedef struct {
+    long long key[ZF_ALGO_KEY_LEN];
+    cublasLtMatmulAlgo_t algo;
+} ZfAlgoCacheEntry;
+static ZfAlgoCacheEntry zf_algo_cache[ZF_ALGO_CACHE_SIZE];
+static int zf_algo_cache_used = 0;
+
+static inline void zf_cublas_init(int use_tf32) {
+    cublasCheck(cublasLtCreate(&zf_cublaslt_handle));
+    cudaCheck(cudaMalloc(&zf_cublaslt_workspace, ZF_CUBLASLT_WORKSPACE_BYTES));
+    zf_cublas_compute = use_tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+    zf_algo_cache_used = 0;
+}
+
+static inline void zf_cublas_set_tf32(int use_tf32) {
+    zf_cublas_compute = use_tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+}
+
+static inline void zf_cublas_free(void) {
+    cudaCheck(cudaFree(zf_cublaslt_workspace));
+    zf_cublaslt_workspace = NULL;
+    cublasCheck(cublasLtDestroy(zf_cublaslt_handle));
+}
+
+// largest power of two (<= 256) dividing the address and the batch stride in bytes.
+// cuBLASLt assumes 256-byte aligned pointers unless told otherwise, and an algorithm that
+// relies on it would read misaligned vectors; we tell it the truth.
+static inline uint32_t zf_alignment(const void* ptr, long long stride_elems) {
+    uintptr_t bits = (uintptr_t)ptr | (uintptr_t)(stride_elems * (long long)sizeof(float)) | 256u;
+    return (uint32_t)(bits & (~bits + 1));  // lowest set bit
+}
+
+// d = op(a) op(b) (+ bias per row of d) (+ beta * d), column-major, fp32, packed:
+// op(a) is (m, k), op(b) is (k, n), d is (m, n) with leading dimension m. trans_a says a is
+// stored (k, m) and transposed; likewise trans_b. With batch > 1, matrix i starts at
+// a + i*stride_a etc. The bias has m entries (cuBLASLt adds it to every column of d).
+static void matmul_cublaslt(float* d, const float* a, const float* b, const float* bias, int m, int n,
+                            int k, int trans_a, int trans_b, float beta, int batch = 1,
+                            long long stride_a = 0, long long stride_b = 0, long long stride_d = 0) {
+    cublasLtMatmulDesc_t desc;
+    cublasCheck(cublasLtMatmulDescCreate(&desc, zf_cublas_compute, CUDA_R_32F));
+    cublasOperation_t op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+    cublasOperation_t op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+    cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
+    cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
+    if (bias != NULL) {
+        cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+        cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
+                                                   sizeof(epilogue)));
+        cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+                                                   sizeof(bias)));
+    }
+    // layouts of the stored matrices (rows, cols, leading dimension = rows)
+    cublasLtMatrixLayout_t layout_a, layout_b, layout_d;
+    cublasCheck(cublasLtMatrixLayoutCreate(&layout_a, CUDA_R_32F, trans_a ? k : m, trans_a ? m : k,
+                                           trans_a ? k : m));
+    cublasCheck(cublasLtMatrixLayoutCreate(&layout_b, CUDA_R_32F, trans_b ? n : k, trans_b ? k : n,
+                                           trans_b ? n : k));
+    cublasCheck(cublasLtMatrixLayoutCreate(&layout_d, CUDA_R_32F, m, n, m));
+    if (batch > 1) {
+        cublasLtMatrixLayout_t layouts[3] = {layout_a, layout_b, layout_d};
+        long long strides[3] = {stride_a, stride_b, stride_d};
+        for (int i = 0; i < 3; i++) {
+            int32_t count = batch;
+            int64_t stride = strides[i];
+            cublasCheck(cublasLtMatrixLayoutSetAttribute(layouts[i], CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
+                                                         &count, sizeof(count)));
+            cublasCheck(cublasLtMatrixLayoutSetAttribute(
+                layouts[i], CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof(stride)));
+        }
+    }
+    uint32_t align_a = zf_alignment(a, batch > 1 ? stride_a : 0);
+    uint32_t align_b = zf_alignment(b, batch > 1 ? stride_b : 0);
+    uint32_t align_d = zf_alignment(d, batch > 1 ? stride_d : 0);
+    long long key[ZF_ALGO_KEY_LEN] = {m, n, k, trans_a, trans_b, batch, stride_a, stride_b,
+                                      stride_d, bias != NULL, beta != 0.0f, align_a, align_b,
+                                      align_d, bias != NULL ? (long long)zf_alignment(bias, 0) : 0,
+                                      (long long)zf_cublas_compute};
+    const cublasLtMatmulAlgo_t* algo = NULL;
+    for (int i = 0; i < zf_algo_cache_used; i++) {
+        if (memcmp(zf_algo_cache[i].key, key, sizeof(key)) == 0) { algo = &zf_algo_cache[i].algo; }
+    }
+    cublasLtMatmulHeuristicResult_t heuristic;
+    if (algo == NULL) {
+        cublasLtMatmulPreference_t pref;
+        cublasCheck(cublasLtMatmulPreferenceCreate(&pref));
+        uint64_t workspace = ZF_CUBLASLT_WORKSPACE_BYTES;
+        cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                         &workspace, sizeof(workspace)));
+        cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                                                         &align_a, sizeof(align_a)));
+        cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                                                         &align_b, sizeof(align_b)));
+        cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                                                         &align_d, sizeof(align_d)));
+        cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+                                                         &align_d, sizeof(align_d)));
+        int found = 0;
+        cublasCheck(cublasLtMatmulAlgoGetHeuristic(zf_cublaslt_handle, desc, layout_a, layout_b, layout_d,
+                                                   layout_d, pref, 1, &heuristic, &found));
+        cublasCheck(cublasLtMatmulPreferenceDestroy(pref));
+        if (found == 0) {
+            zf_fail("cuBLASLt has no algorithm for m=%d n=%d k=%d transa=%d transb=%d batch=%d bias=%d "
+                    "(alignments %u/%u/%u bytes) (hint: an odd shape or pointer alignment; try another "
+                    "-b/-t or model shape)",
+                    m, n, k, trans_a, trans_b, batch, bias != NULL, align_a, align_b, align_d);
+        }
+        algo = &heuristic.algo;
+        if (zf_algo_cache_used < ZF_ALGO_CACHE_SIZE) {
+            memcpy(zf_algo_cache[zf_algo_cache_used].key, key, sizeof(key));
+            zf_algo_cache[zf_algo_cache_used].algo = heuristic.algo;
+            zf_algo_cache_used++;
+        }
+    }
+    const float alpha = 1.0f;
+    cublasCheck(cublasLtMatmul(zf_cublaslt_handle, desc, &alpha, a, layout_a, b, layout_b, &beta, d,
+                               layout_d, d, layout_d, algo, zf_cublaslt_workspace,
+                               ZF_CUBLASLT_WORKSPACE_BYTES, 0));
+    cublasCheck(cublasLtMatrixLayoutDestroy(layout_a));
+    cublasCheck(cublasLtMatrixLayoutDestroy(layout_b));
+    cublasCheck(cublasLtMatrixLayoutDestroy(layout_d));
+    cublasCheck(cublasLtMatmulDescDestroy(desc));
+}
+
+// out[r, o] += bias[o]: only for a bias pointer cuBLASLt's epilogue cannot take (< 16 bytes aligned)
+__global__ void add_bias_kernel(float* __restrict__ out, const float* __restrict__ bias, int rows, int OC) {
+    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (size_t)rows * OC) { return; }
+    out[idx] = out[idx] + bias[idx % OC];
+}
+
+// out = inp @ weight^T + bias (the CPU's matmul_forward)
+//   out (BT, OC), inp (BT, C), weight (OC, C), bias (OC) or NULL
+// column-major: out^T (OC, BT) = weight_cm^T (OC, C) inp_cm (C, BT): m=OC, n=BT, k=C, transa.
+static inline void matmul_forward(float* out, const float* inp, const float* weight, const float* bias,
+                                  int BT, int C, int OC) {
+    int bias_in_epilogue = bias != NULL && ((uintptr_t)bias % 16) == 0;
+    matmul_cublaslt(out, weight, inp, bias_in_epilogue ? bias : NULL, OC, BT, C, 1, 0, 0.0f);
+    if (bias != NULL && !bias_in_epilogue) {
+        const int block = 256;
+        add_bias_kernel<<<ceil_div((size_t)BT * OC, block), block>>>(out, bias, BT, OC);
+        cudaCheck(cudaGetLastError());
+    }
+}
+
+// pass 1 of dbias[o] += sum_rows dout[r, o] (see column sums above)
+__global__ void bias_grad_partial_kernel(float* __restrict__ partial,     // (chunks, OC)
+                                         const float* __restrict__ dout,  // (N, OC)
+                                         int N, int OC, int rows_per_chunk) {
+    __shared__ float s[8][32];
+    int o = blockIdx.x * 32 + threadIdx.x;
+    int r0 = blockIdx.y * rows_per_chunk;
+    int r1 = min(r0 + rows_per_chunk, N);
+    float sum = 0.0f;
+    if (o < OC) {
+        for (int r = r0 + threadIdx.y; r < r1; r += 8) { sum += dout[(size_t)r * OC + o]; }
+    }
+    s[threadIdx.y][threadIdx.x] = sum;
+    __syncthreads();
+    if (threadIdx.y == 0 && o < OC) {
+        float total = 0.0f;
+        for (int y = 0; y < 8; y++) { total += s[y][threadIdx.x]; }
+        partial[(size_t)blockIdx.y * OC + o] = total;
+    }
+}
+
+// dbias += column sums of dout (N, OC). scratch: at least COLSUM_MAX_CHUNKS * OC floats.
+static inline void bias_backward(float* dbias, float* scratch, const float* dout, int N, int OC) {
+    int rows_per_chunk = colsum_rows_per_chunk(N), chunks = ceil_div(N, rows_per_chunk);
+    bias_grad_partial_kernel<<<dim3(ceil_div(OC, 32), chunks), dim3(32, 8)>>>(scratch, dout, N, OC,
+                                                                              rows_per_chunk);
+    cudaCheck(cudaGetLastError());
+    const int block = 256;
+    column_sum_finalize_kernel<<<ceil_div(OC, block), block>>>(dbias, scratch, chunks, OC);
+    cudaCheck(cudaGetLastError());
+}
+
+// The CPU's matmul_backward, except that dinp is OVERWRITTEN (the trainer never needs to add
+// into it); dweight and dbias are ADDED into.
+//   dinp (BT, C) = dout (BT, OC) @ weight (OC, C)
+//     column-major: dinp^T (C, BT) = weight_cm (C, OC) dout_cm (OC, BT): m=C, n=BT, k=OC
+//   dweight (OC, C) += dout^T (OC, BT) @ inp (BT, C)
+//     column-major: dweight^T (C, OC) += inp_cm (C, BT) dout_cm^T (BT, OC): m=C, n=OC, k=BT, transb
+//   dbias (OC) += column sums of dout (dbias may be NULL)
+static inline void matmul_backward(float* dinp, float* dweight, float* dbias, float* scratch,
+                                   const float* dout, const float* inp, const float* weight, int BT,
+                                   int C, int OC) {
+    matmul_cublaslt(dinp, weight, dout, NULL, C, BT, OC, 0, 0, 0.0f);
+    matmul_cublaslt(dweight, inp, dout, NULL, C, OC, BT, 0, 1, 1.0f);
+    if (dbias != NULL) { bias_backward(dbias, scratch, dout, BT, OC); }
+}
+
+// ----------------------------------------------------------------------------
+// attention: q, k, v go to a (B, NH, T, hs) layout so each head is a plain matrix, the two
+// products per head are batched matmuls, and the causal softmax is its own kernel.
+
+// out (B, NH, T, hs) <- in (B, T, NH*hs) with rows `in_stride` floats apart
+__global__ void rows_to_heads_kernel(float* __restrict__ out, const float* __restrict__ in, int in_stride,
+                                     int B, int T, int NH, int hs) {
+    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (size_t)B * NH * T * hs) { return; }
+    int i = (int)(idx % hs);
+    int t = (int)((idx / hs) % T);
+    int h = (int)((idx / ((size_t)hs * T)) % NH);
+    int b = (int)(idx / ((size_t)hs * T * NH));
+    out[idx] = in[((size_t)b * T + t) * in_stride + h * hs + i];
+}
+
+// out (B, T, NH*hs) with rows `out_stride` floats apart <- in (B, NH, T, hs)
+__global__ void heads_to_rows_kernel(float* __restrict__ out, int out_stride, const float* __restrict__ in,
+                                     int B, int T, int NH, int hs) {
+    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (size_t)B * T * NH * hs) { return; }
+    int c = (int)(idx % ((size_t)NH * hs));
+    int h = c / hs, i = c % hs;
+    size_t bt = idx / ((size_t)NH * hs);
+    int t = (int)(bt % T), b = (int)(bt / T);
+    out[bt * out_stride + c] = in[(((size_t)b * NH + h) * T + t) * hs + i];
+}
+
+static inline void rows_to_heads(float* out, const float* in, int in_stride, int B, int T, int NH, int hs) {
+    const int block = 256;
+    rows_to_heads_kernel<<<ceil_div((size_t)B * NH * T * hs, block), block>>>(out, in, in_stride, B, T, NH, hs);
+    cudaCheck(cudaGetLastError());
+}
+
+static inline void heads_to_rows(float* out, int out_stride, const float* in, int B, int T, int NH, int hs) {
+    const int block = 256;
+    heads_to_rows_kernel<<<ceil_div((size_t)B * T * NH * hs, block), block>>>(out, out_stride, in, B, T, NH, hs);
+    cudaCheck(cudaGetLastError());
+}
+
+// att[row, :] = causal softmax of scale * preatt[row, :], one warp per row (b, h, t):
+// entries t2 <= t take part, entries t2 > t are written as 0 (att @ v then sums them away).
+__global__ void softmax_forward_kernel(float* __restrict__ att, const float* __restrict__ preatt,  // (B*NH*T, T) each
+                                       float scale, int rows, int T) {
+    int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (row >= rows) { return; }
+    int t = row % T;
+    const float* pre = preatt + (size_t)row * T;
+    float* a = att + (size_t)row * T;
+    float maxval = -INFINITY;
+    for (int t2 = lane; t2 <= t; t2 += 32) { maxval = fmaxf(maxval, pre[t2] * scale); }
+    maxval = warp_max(maxval);
+    float sum = 0.0f;
+    for (int t2 = lane; t2 <= t; t2 += 32) { sum += expf(pre[t2] * scale - maxval); }
+    float inv = 1.0f / warp_sum(sum);
+    for (int t2 = lane; t2 < T; t2 += 32) {
+        a[t2] = t2 <= t ? expf(pre[t2] * scale - maxval) * inv : 0.0f;
+    }
+}
+
+// in place over datt: dpreatt = scale * att * (datt - sum(att * datt)) for t2 <= t, else 0.
+// The scale of preatt = scale * q.k is folded in here, as the CPU applies it to dpreatt.
+__global__ void softmax_backward_kernel(float* __restrict__ datt,       // (B*NH*T, T) in: datt, out: dpreatt
+                                        const float* __restrict__ att,  // (B*NH*T, T)
+                                        float scale, int rows, int T) {
+    int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (row >= rows) { return; }
+    int t = row % T;
+    const float* a = att + (size_t)row * T;
+    float* d = datt + (size_t)row * T;
+    float dot = 0.0f;
+    for (int t2 = lane; t2 <= t; t2 += 32) { dot += a[t2] * d[t2]; }
+    dot = warp_sum(dot);  // every lane has read its entries before any lane writes below
+    for (int t2 = lane; t2 < T; t2 += 32) { d[t2] = t2 <= t ? a[t2] * (d[t2] - dot) * scale : 0.0f; }
+}
+
+// The CPU's attention_forward:
+//   atty (B, T, C) = softmax(q k^T / sqrt(hs), causal) v, per head
+// and keeps for the backward pass:
+//   qkvr (3, B, NH, T, hs): q, k, v in head layout;  att (B, NH, T, T): the softmax
+// scratch: preatt (B, NH, T, T) and vaccum (B, NH, T, hs), free after the call.
+static inline void attention_forward(float* atty, float* qkvr, float* att, float* preatt, float* vaccum,
+                                     const float* qkv,  // (B, T, 3C)
+                                     int B, int T, int C, int NH) {
+    const int hs = C / NH, block = 256;
+    const size_t head = (size_t)B * NH * T * hs;  // floats in each of q, k, v
+    float *q = qkvr, *k = qkvr + head, *v = qkvr + 2 * head;
+    rows_to_heads(q, qkv, 3 * C, B, T, NH, hs);
+    rows_to_heads(k, qkv + C, 3 * C, B, T, NH, hs);
+    rows_to_heads(v, qkv + 2 * C, 3 * C, B, T, NH, hs);
+    // preatt[t, t2] = q[t] . k[t2]; column-major preatt^T (T, T) = k_cm^T (T, hs) q_cm (hs, T)
+    matmul_cublaslt(preatt, k, q, NULL, T, T, hs, 1, 0, 0.0f, B * NH, (long long)T * hs,
+                    (long long)T * hs, (long long)T * T);
+    const float scale = 1.0f / sqrtf((float)hs);
+    const int rows = B * NH * T;
+    softmax_forward_kernel<<<ceil_div(rows, block / 32), block>>>(att, preatt, scale, rows, T);
+    cudaCheck(cudaGetLastError());
+    // vaccum (T, hs) = att (T, T) v (T, hs); column-major vaccum^T = v_cm (hs, T) att_cm (T, T)
+    matmul_cublaslt(vaccum, v, att, NULL, hs, T, T, 0, 0, 0.0f, B * NH, (long long)T * hs,
+                    (long long)T * T, (long long)T * hs);
+    heads_to_rows(atty, C, vaccum, B, T, NH, hs);
+}
+
+// The CPU's attention_backward (dqkv is OVERWRITTEN):
+//   dqkv (B, T, 3C) from datty (B, T, C), using qkvr and att of the forward pass.
+// scratch: datt (B, NH, T, T), and dqkvr (4 * B*T*C floats: dq, dk, dv, then dvaccum)
+static inline void attention_backward(float* dqkv, float* datt, float* dqkvr, const float* datty,
+                                      const float* qkvr, const float* att, int B, int T, int C, int NH) {
+    const int hs = C / NH, block = 256;
+    const size_t head = (size_t)B * NH * T * hs;
+    const float *q = qkvr, *k = qkvr + head, *v = qkvr + 2 * head;
+    float *dq = dqkvr, *dk = dqkvr + head, *dv = dqkvr + 2 * head, *dvaccum = dqkvr + 3 * head;
+    const long long sth = (long long)T * hs, stt = (long long)T * T;
+    rows_to_heads(dvaccum, datty, C, B, T, NH, hs);
+    // datt (T, T) = dvaccum (T, hs) v^T; column-major datt^T = v_cm^T (T, hs) dvaccum_cm (hs, T)
+    matmul_cublaslt(datt, v, dvaccum, NULL, T, T, hs, 1, 0, 0.0f, B * NH, sth, sth, stt);
+    // dv (T, hs) = att^T (T, T) dvaccum; column-major dv^T = dvaccum_cm (hs, T) att_cm^T (T, T)
+    matmul_cublaslt(dv, dvaccum, att, NULL, hs, T, T, 0, 1, 0.0f, B * NH, sth, stt, sth);
+    const float scale = 1.0f / sqrtf((float)hs);
+    const int rows = B * NH * T;
+    softmax_backward_kernel<<<ceil_div(rows, block / 32), block>>>(datt, att, scale, rows, T);
+    cudaCheck(cudaGetLastError());
+    float* dpreatt = datt;  // (B, NH, T, T), scale included
+    // dq (T, hs) = dpreatt (T, T) k; column-major dq^T = k_cm (hs, T) dpreatt_cm (T, T)
+    matmul_cublaslt(dq, k, dpreatt, NULL, hs, T, T, 0, 0, 0.0f, B * NH, sth, stt, sth);
+    // dk (T, hs) = dpreatt^T q; column-major dk^T = q_cm (hs, T) dpreatt_cm^T (T, T)
+    matmul_cublaslt(dk, q, dpreatt, NULL, hs, T, T, 0, 1, 0.0f, B * NH, sth, stt, sth);
+    heads_to_rows(dqkv, 3 * C, dq, B, T, NH, hs);
+    heads_to_rows(dqkv + C, 3 * C, dk, B, T, NH, hs);
+    heads_to_rows(dqkv + 2 * C, 3 * C, dv, B, T, NH, hs);
+}
+
+// ----------------------------------------------------------------------------
+// elementwise: GELU, residual. Each thread handles 4 elements blockDim apart, so each warp
+// still reads contiguous memory and every thread has 4 independent loads in flight.
+
+#ifndef GELU_SCALE
+#define GELU_SCALE 0.7978845608028654f  // sqrt(2/pi)
+#endif
+#define ELEMENTS_PER_THREAD 4
+
+static inline int elementwise_blocks(size_t n, int block) { return ceil_div(n, (size_t)block * ELEMENTS_PER_THREAD); }
+
+// GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+__global__ void gelu_forward_kernel(float* __restrict__ out, const float* __restrict__ inp, size_t n) {
+    size_t base = (size_t)blockIdx.x * blockDim.x * ELEMENTS_PER_THREAD + threadIdx.x;
+#pragma unroll
+    for (int j = 0; j < ELEMENTS_PER_THREAD; j++) {
+        size_t i = base + (size_t)j * blockDim.x;
+        if (i < n) {
+            float x = inp[i];
+            float cube = 0.044715f * x * x * x;
+            out[i] = 0.5f * x * (1.0f + tanhf(GELU_SCALE * (x + cube)));
+        }
+    }
+}
+
+// in place: d[i] = gelu'(inp[i]) * d[i]  (the CPU adds into a zeroed buffer: the same value)
+__global__ void gelu_backward_kernel(float* __restrict__ d, const float* __restrict__ inp, size_t n) {
+    size_t base = (size_t)blockIdx.x * blockDim.x * ELEMENTS_PER_THREAD + threadIdx.x;
+#pragma unroll
+    for (int j = 0; j < ELEMENTS_PER_THREAD; j++) {
+        size_t i = base + (size_t)j * blockDim.x;
+        if (i < n) {
+            float x = inp[i];
+            float cube = 0.044715f * x * x * x;
+            float th = tanhf(GELU_SCALE * (x + cube));
+            float sech2 = 1.0f - th * th;
+            float grad = 0.5f * (1.0f + th) +
+                         0.5f * x * sech2 * GELU_SCALE * (1.0f + 3.0f * 0.044715f * x * x);
+            d[i] = grad * d[i];
+        }
+    }
+}
+
+__global__ void residual_forward_kernel(float* __restrict__ out, const float* __restrict__ a,
+                                        const float* __restrict__ b, size_t n) {
+    size_t base = (size_t)blockIdx.x * blockDim.x * ELEMENTS_PER_THREAD + threadIdx.x;
+#pragma unroll
+    for (int j = 0; j < ELEMENTS_PER_THREAD; j++) {
+        size_t i = base + (size_t)j * blockDim.x;
+        if (i < n) { out[i] = a[i] + b[i]; }
+    }
+}
+
+static inline void gelu_forward(float* out, const float* inp, size_t n) {
+    const int block = 256;
+    gelu_forward_kernel<<<elementwise_blocks(n, block), block>>>(out, inp, n);
+    cudaCheck(cudaGetLastError());
+}
+
+static inline void gelu_backward_inplace(float* d, const float* inp, size_t n) {
+    const int block = 256;
+    gelu_backward_kernel<<<elementwise_blocks(n, block), block>>>(d, inp, n);
+    cudaCheck(cudaGetLastError());
+}
+
+static inline void residual_forward(float* out, const float* a, const float* b, size_t n) {
+    const int block = 256;
+    residual_forward_kernel<<<elementwise_blocks(n, block), block>>>(out, a, b, n);
+    cudaCheck(cudaGetLastError());
+}
+
+// ----------------------------------------------------------------------------
+// fused classifier: softmax over the first V of Vp logits, the loss of the target, and
+// dlogits = (probs - onehot(target)) * dloss written IN PLACE of the logits (the (B, T, Vp)
+// probabilities are never stored). One block per (b, t) row; padded columns get 0.
+
+__global__ void fused_classifier_kernel(float* __restrict__ logits,       // (N, Vp) in: logits, out: dlogits
+                                        float* __restrict__ losses,       // (N)
+                                        const int* __restrict__ targets,  // (N)
+                                        float dloss, int N, int V, int Vp) {
+    int row = blockIdx.x;
+    float* x = logits + (size_t)row * Vp;
+    float maxval = -INFINITY;
+    for (int i = threadIdx.x; i < V; i += blockDim.x) { maxval = fmaxf(maxval, x[i]); }
+    maxval = block_max(maxval);
+    float sum = 0.0f;
+    for (int i = threadIdx.x; i < V; i += blockDim.x) { sum += expf(x[i] - maxval); }
+    sum = block_sum(sum);  // also a barrier: every x[i] was read before anyone writes below
+    int target = targets[row];
+    if (threadIdx.x == 0) { losses[row] = -logf(expf(x[target] - maxval) / sum); }
+    __syncthreads();  // x[target] is read before it is overwritten
+    for (int i = threadIdx.x; i < Vp; i += blockDim.x) {
+        float d = 0.0f;
+        if (i < V) {
+            float p = expf(x[i] - maxval) / sum;
+            float indicator = i == target ? 1.0f : 0.0f;
+            d = (p - indicator) * dloss;
+        }
+        x[i] = d;
+    }
+}
+
+// dloss = 1 / (B*T): the gradient of the mean loss
+static inline void fused_classifier(float* logits, float* losses, const int* targets, float dloss,
+                                    int N, int V, int Vp) {
+    const int block = 1024;
+    fused_classifier_kernel<<<N, block>>>(logits, losses, targets, dloss, N, V, Vp);
+    cudaCheck(cudaGetLastError());
+}
+
+// ----------------------------------------------------------------------------
+// AdamW, exactly docs/zenflow_spec.md section 3.1 (bitwise the CPU's when built with
+// -fmad=false): one thread per element, the per-step constants computed on the host.
+
+__global__ void adamw_kernel(float* __restrict__ p, float* __restrict__ m, float* __restrict__ v,
+                             const float* __restrict__ g, size_t n, float lr, float b1, float b2,
+                             float omb1, float omb2, float bc1, float bc2, float eps, float wd) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) { return; }
+    float gi = g[i];
+    float mi = b1 * m[i] + omb1 * gi;
+    float vi = b2 * v[i] + (omb2 * gi) * gi;
+    float mhat = mi / bc1;
+    float vhat = vi / bc2;
+    float pi = p[i];
+    // wd*p is computed even when wd == 0, as on the CPU (the sign of a zero update)
+    p[i] = pi - lr * (mhat / (sqrtf(vhat) + eps) + wd * pi);
+    m[i] = mi;
+    v[i] = vi;
+}
+
+// one AdamW step at step number s (1-based) over n elements
+static inline void adamw_update(float* p, float* m, float* v, const float* g, size_t n, float lr,
+                                float beta1, float beta2, float eps, float weight_decay, int s) {
+    float omb1 = 1.0f - beta1, omb2 = 1.0f - beta2;               // fp32 subtractions
+    float bc1 = (float)(1.0 - pow((double)beta1, (double)s));     // double, then one rounding
+    float bc2 = (float)(1.0 - pow((double)beta2, (double)s));
+    const int block = 256;
+    adamw_kernel<<<ceil_div(n, block), block>>>(p, m, v, g, n, lr, beta1, beta2, omb1, omb2, bc1, bc2,
+                                                eps, weight_decay);
+    cudaCheck(cudaGetLastError());
+}
+
+#endif  // LLMC_CUDA_KERNELS_CUH

@@ -1,0 +1,312 @@
+#!/usr/bin/env bash
+# The one script a lent GPU (an H200) runs for the CUDA trainer (issue 4):
+#
+#   bash scripts/gpu_check.sh <logdir>
+#
+# 1. builds train_gpt2cu, test_gpt2cu and dev/cuda for sm_90 (in parallel, into build/gpu_check)
+# 2. finds the PyTorch reference cases (dev/test/ref/*/state.bin); if there are none, tries
+#    scripts/make_test_refs.sh (needs /usr/bin/python3 with torch, often absent on GPU images)
+# 3. runs test_gpt2cu on them (TF32 off, strict fp32 tolerances, determinism)
+# 4. runs every dev/cuda program (validation against the CPU references, then timings)
+# 5. benchmarks GPT-2 124M (d12, random init), T=1024: B=4 and B=16 with TF32, B=4 in fp32;
+#    12 steps each, on tinyshakespeare if data/tinyshakespeare/*.bin exist, else on a
+#    synthetic shard of random tokens written here (no network needed)
+# Prints a summary table LAST (also $LOGDIR/summary.md); every log is under <logdir>.
+#
+# Benchmark numbers: ms/step = median of steps 3..12 (steps 1-2 are warm-up: cuBLASLt
+# heuristics, first touches); tok/s = B*T / that; achieved TFLOP/s = flops per step / that,
+#   flops per step = 6 * N * B*T  +  12 * L * C * T * B*T
+# with N = all parameters (the usual 6N: 2N forward, 4N backward) and the attention matmuls
+# (q.k and att.v, 2*T*C flops each per token and layer forward, x3 for the backward), full
+# T x T since the kernels compute the masked half too.
+#
+# Exit status: 0 if no stage FAILed. Finishes in about 2-3 minutes on an H200; each stage
+# has a timeout and the whole script stops starting new stages after 5 minutes.
+set -u
+
+if [ $# -ne 1 ]; then
+    echo "usage: $0 <logdir>" >&2
+    exit 2
+fi
+mkdir -p "$1" || exit 2
+LOGDIR=$(cd "$1" && pwd)
+cd "$(dirname "$0")/.." || exit 2
+START=$(date +%s)
+BUDGET_S=300  # no new stage starts after this many seconds
+
+NVCC=${NVCC:-nvcc}
+ARCH="-gencode arch=compute_90,code=sm_90"
+# -fmad=false / -ffp-contract=off: no fused multiply-add (AdamW is spec 3.1 to the bit);
+# never --use_fast_math
+NVCCFLAGS="-O3 -std=c++17 -fmad=false $ARCH -Xcompiler -Wall -Xcompiler -ffp-contract=off"
+LIBS="-lcublasLt -lcublas"
+BUILD=build/gpu_check
+mkdir -p "$BUILD"
+
+# ----------------------------------------------------------------------------
+# the summary table: one row per stage
+
+ROW_NAMES=()
+ROW_STATUS=()
+ROW_NOTES=()
+record() {  # record NAME STATUS NOTE
+    ROW_NAMES+=("$1")
+    ROW_STATUS+=("$2")
+    ROW_NOTES+=("$3")
+    printf '[%4ds] %-28s %-8s %s\n' "$(( $(date +%s) - START ))" "$1" "$2" "$3"
+}
+
+out_of_time() { [ $(( $(date +%s) - START )) -gt $BUDGET_S ]; }
+
+# run_logged LOG TIMEOUT CMD...: runs with a timeout, all output to LOG; returns the status
+run_logged() {
+    local log=$1 limit=$2
+    shift 2
+    timeout --kill-after=10 "$limit" "$@" >"$log" 2>&1
+}
+
+status_word() {  # 0 -> PASS, 124/137 -> FAIL (timeout), else FAIL
+    case $1 in
+        0) echo PASS ;;
+        *) echo FAIL ;;
+    esac
+}
+
+timeout_note() {  # a note for a status
+    case $1 in
+        124|137) echo "timed out" ;;
+        0) echo "" ;;
+        *) echo "exit $1" ;;
+    esac
+}
+
+# ----------------------------------------------------------------------------
+# 0. the machine
+
+{
+    echo "date: $(date -u '+%Y-%m-%d %H:%M:%S UTC')"
+    if commit=$(git rev-parse --short HEAD 2>/dev/null); then
+        git diff --quiet HEAD 2>/dev/null || commit="$commit (+ uncommitted changes)"
+    else
+        commit="unknown (no git here)"
+    fi
+    echo "commit: $commit"
+    echo "host: $(hostname)"
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv 2>&1
+    "$NVCC" --version 2>&1 | tail -2
+} >"$LOGDIR/env.log" 2>&1
+DEVICE=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+DEVICE=${DEVICE:-"no GPU found by nvidia-smi"}
+record "device" INFO "$DEVICE"
+
+# ----------------------------------------------------------------------------
+# 1. builds, in parallel
+
+build_started=$(date +%s)
+run_logged "$LOGDIR/build_train_gpt2cu.log" 300 \
+    "$NVCC" $NVCCFLAGS train_gpt2.cu -o "$BUILD/train_gpt2cu" $LIBS &
+pid_train=$!
+run_logged "$LOGDIR/build_test_gpt2cu.log" 300 \
+    "$NVCC" $NVCCFLAGS test_gpt2.cu -o "$BUILD/test_gpt2cu" $LIBS &
+pid_test=$!
+build_dev_cuda() {  # with dev/cuda/Makefile, or nvcc directly where there is no make
+    if command -v make >/dev/null; then
+        make -C dev/cuda -j8 ARCH="$ARCH" BUILD="$PWD/$BUILD/cuda"
+    else
+        mkdir -p "$BUILD/cuda"
+        local p pids=() rc=0
+        for p in encoder layernorm attention gelu residual classifier adamw matmul; do
+            "$NVCC" $NVCCFLAGS "dev/cuda/$p.cu" -o "$BUILD/cuda/$p" $LIBS &
+            pids+=($!)
+        done
+        for p in "${pids[@]}"; do wait "$p" || rc=1; done
+        return $rc
+    fi
+}
+export -f build_dev_cuda  # so that timeout can run it through bash
+export NVCC NVCCFLAGS LIBS BUILD ARCH
+run_logged "$LOGDIR/build_dev_cuda.log" 300 bash -c build_dev_cuda &
+pid_dev=$!
+wait $pid_train; rc_train=$?
+wait $pid_test; rc_test=$?
+wait $pid_dev; rc_dev=$?
+build_s=$(( $(date +%s) - build_started ))
+record "build train_gpt2cu" "$(status_word $rc_train)" "$(timeout_note $rc_train) (${build_s}s for all builds)"
+record "build test_gpt2cu" "$(status_word $rc_test)" "$(timeout_note $rc_test)"
+record "build dev/cuda" "$(status_word $rc_dev)" "$(timeout_note $rc_dev)"
+
+# ----------------------------------------------------------------------------
+# 2. reference cases: directories with state.bin and case.txt (the ZenFlow cases have no
+#    state.bin and belong to another test)
+
+find_cases() {
+    CASES=()
+    local d
+    for d in dev/test/ref/*/; do
+        d=${d%/}
+        if [ -f "$d/state.bin" ] && [ -f "$d/case.txt" ] && [ -f "$d/model.bin" ] && [ -f "$d/train.bin" ] \
+           && [ -f "$d/losses.txt" ]; then
+            CASES+=("$d")
+        fi
+    done
+}
+find_cases
+if [ ${#CASES[@]} -gt 0 ]; then
+    record "test refs" PASS "shipped: ${CASES[*]}"
+elif out_of_time; then
+    record "test refs" SKIPPED "out of time"
+elif [ ! -f scripts/make_test_refs.sh ]; then
+    record "test refs" FAIL "none in dev/test/ref and no scripts/make_test_refs.sh"
+elif ! ${PYTHON:-/usr/bin/python3} -c "import torch, numpy" >"$LOGDIR/refs.log" 2>&1; then
+    record "test refs" FAIL "none shipped, and ${PYTHON:-/usr/bin/python3} has no torch/numpy (carry dev/test/ref)"
+else
+    run_logged "$LOGDIR/make_test_refs.log" 240 bash scripts/make_test_refs.sh
+    rc=$?
+    find_cases
+    if [ $rc -eq 0 ] && [ ${#CASES[@]} -gt 0 ]; then
+        record "test refs" PASS "generated here: ${CASES[*]}"
+    else
+        record "test refs" FAIL "make_test_refs.sh: $(timeout_note $rc), see make_test_refs.log"
+    fi
+fi
+
+# ----------------------------------------------------------------------------
+# 3. test_gpt2cu
+
+if [ $rc_test -ne 0 ]; then
+    record "test_gpt2cu" SKIPPED "build failed"
+elif [ ${#CASES[@]} -eq 0 ]; then
+    record "test_gpt2cu" SKIPPED "no reference cases"
+elif out_of_time; then
+    record "test_gpt2cu" SKIPPED "out of time"
+else
+    run_logged "$LOGDIR/test_gpt2cu.log" 180 "$BUILD/test_gpt2cu" "${CASES[@]}"
+    rc=$?
+    last=$(tail -1 "$LOGDIR/test_gpt2cu.log")
+    if grep -q "SKIPPED" <<<"$last"; then
+        record "test_gpt2cu" SKIPPED "$last"
+    else
+        record "test_gpt2cu" "$(status_word $rc)" "$last $(timeout_note $rc)"
+    fi
+fi
+
+# ----------------------------------------------------------------------------
+# 4. dev/cuda, one row per program
+
+for p in encoder layernorm attention gelu residual classifier adamw matmul; do
+    if [ $rc_dev -ne 0 ] && [ ! -x "$BUILD/cuda/$p" ]; then
+        record "dev/cuda $p" SKIPPED "build failed"
+        continue
+    fi
+    if out_of_time; then
+        record "dev/cuda $p" SKIPPED "out of time"
+        continue
+    fi
+    run_logged "$LOGDIR/dev_cuda_$p.log" 120 "$BUILD/cuda/$p"
+    rc=$?
+    last=$(tail -1 "$LOGDIR/dev_cuda_$p.log")
+    if grep -q "SKIPPED" <<<"$last"; then
+        record "dev/cuda $p" SKIPPED "$last"
+    else
+        record "dev/cuda $p" "$(status_word $rc)" "$last $(timeout_note $rc)"
+    fi
+done
+
+# ----------------------------------------------------------------------------
+# 5. benchmark: d12, T=1024
+
+TRAIN=data/tinyshakespeare/tiny_shakespeare_train.bin
+VAL=data/tinyshakespeare/tiny_shakespeare_val.bin
+DATA_NOTE="tinyshakespeare"
+if [ ! -f "$TRAIN" ] || [ ! -f "$VAL" ]; then
+    # a synthetic shard of uniformly random token ids < 50257 (llm.c's shard format)
+    TRAIN="$BUILD/synthetic_train.bin"
+    VAL="$BUILD/synthetic_val.bin"
+    DATA_NOTE="synthetic random tokens"
+    cat >"$BUILD/synthetic_shard.cpp" <<'EOF'
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+int main(int argc, char** argv) {  // synthetic_shard <path> <tokens> <seed>
+    if (argc != 4) return 2;
+    int n = atoi(argv[2]);
+    uint64_t s = strtoull(argv[3], NULL, 10) * 0x9E3779B97F4A7C15ull + 1;
+    int header[256] = {20240520, 1, n};
+    FILE* f = fopen(argv[1], "wb");
+    if (!f || fwrite(header, 4, 256, f) != 256) return 1;
+    for (int i = 0; i < n; i++) {
+        s ^= s >> 12; s ^= s << 25; s ^= s >> 27;
+        uint16_t t = (uint16_t)(((s * 0x2545F4914F6CDD1Dull) >> 32) % 50257);
+        if (fwrite(&t, 2, 1, f) != 1) return 1;
+    }
+    return fclose(f) == 0 ? 0 : 1;
+}
+EOF
+    if ! { "$NVCC" -O2 "$BUILD/synthetic_shard.cpp" -o "$BUILD/synthetic_shard" \
+           && "$BUILD/synthetic_shard" "$TRAIN" 400000 1 && "$BUILD/synthetic_shard" "$VAL" 40000 2; } \
+         >"$LOGDIR/synthetic_data.log" 2>&1; then
+        DATA_NOTE="synthetic data FAILED, see synthetic_data.log"
+    fi
+fi
+
+bench() {  # bench NAME SLUG B TF32 (SLUG names the log file)
+    local name=$1 slug=$2 B=$3 tf32=$4 T=1024 steps=12
+    local log="$LOGDIR/bench_$slug.log"
+    if [ $rc_train -ne 0 ]; then record "bench $name" SKIPPED "build failed"; return; fi
+    if out_of_time; then record "bench $name" SKIPPED "out of time"; return; fi
+    run_logged "$log" 150 "$BUILD/train_gpt2cu" -e d12 -b "$B" -t "$T" -x $steps -v 0 -s 0 -f "$tf32" \
+        -i "$TRAIN" -j "$VAL"
+    local rc=$?
+    if [ $rc -ne 0 ] && grep -q "no CUDA device" "$log"; then
+        record "bench $name" SKIPPED "$(tail -1 "$log")"
+        return
+    elif [ $rc -ne 0 ]; then
+        record "bench $name" FAIL "$(timeout_note $rc): $(tail -1 "$log")"
+        return
+    fi
+    # median ms of steps 3..12; N, L, C from the [GPT-2] line
+    local ms N L C
+    ms=$(awk -F'|' '/^step [0-9]+\/[0-9]+ \| loss/ { split($1, a, /[ \/]/); if (a[2] > 2) { gsub(/ ms/, "", $3); print $3 + 0 } }' "$log" \
+         | sort -g | awk '{ v[NR] = $1 } END { if (NR == 0) print "nan"; else if (NR % 2) print v[(NR + 1) / 2]; else print (v[NR / 2] + v[NR / 2 + 1]) / 2 }')
+    N=$(sed -n 's/^\[GPT-2\].*, \([0-9]*\) parameters.*/\1/p' "$log" | head -1)
+    L=$(sed -n 's/^\[GPT-2\] L=\([0-9]*\) .*/\1/p' "$log" | head -1)
+    C=$(sed -n 's/^\[GPT-2\] .* C=\([0-9]*\) .*/\1/p' "$log" | head -1)
+    local loss
+    loss=$(awk -F'|' '/^step [0-9]+\/[0-9]+ \| loss/ { l = $2 } END { gsub(/ loss /, "", l); print l + 0 }' "$log")
+    local line
+    line=$(awk -v ms="$ms" -v B="$B" -v T="$T" -v N="$N" -v L="$L" -v C="$C" 'BEGIN {
+        if (ms == "nan" || ms <= 0 || N == "") { print "no step times"; exit }
+        tok = B * T; flops = 6 * N * tok + 12 * L * C * T * tok
+        printf "%.1f ms/step  %.0f tok/s  %.1f TFLOP/s", ms, tok / (ms / 1e3), flops / (ms / 1e3) / 1e12 }')
+    record "bench $name" PASS "$line (final loss $loss)"
+}
+bench "d12 B=4 TF32" d12_B4_tf32 4 1
+bench "d12 B=16 TF32" d12_B16_tf32 16 1
+bench "d12 B=4 fp32" d12_B4_fp32 4 0
+
+# ----------------------------------------------------------------------------
+# summary (last)
+
+failed=0
+{
+    echo "# GPU check, issue 4 (CUDA trainer)"
+    echo
+    sed 's/^/    /' "$LOGDIR/env.log"
+    echo
+    echo "benchmark data: $DATA_NOTE; d12 = GPT-2 124M shape, random init, T=1024, 12 steps"
+    echo "flops per step = 6*N*B*T + 12*L*C*T*B*T; ms/step = median of steps 3..12"
+    echo "(for scale: llm.c reported ~78 ms/iter for GPT-2 124M at B=4, T=1024 on an A100 40GB, TF32)"
+    echo
+    printf '| %-28s | %-7s | %s\n' "stage" "status" "details"
+    printf '|%s|%s|%s\n' "------------------------------" "---------" "---------"
+    for i in "${!ROW_NAMES[@]}"; do
+        printf '| %-28s | %-7s | %s\n' "${ROW_NAMES[$i]}" "${ROW_STATUS[$i]}" "${ROW_NOTES[$i]}"
+        [ "${ROW_STATUS[$i]}" = FAIL ] && failed=$((failed + 1))
+    done
+    echo
+    echo "total time: $(( $(date +%s) - START )) s; logs in $LOGDIR; $failed stage(s) failed"
+} >"$LOGDIR/summary.md"
+echo
+echo "================================ summary ================================"
+cat "$LOGDIR/summary.md"
+[ $failed -eq 0 ]

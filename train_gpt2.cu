@@ -1,0 +1,676 @@
+/*
+GPT-2 training on one GPU in fp32: the analogue of llm.c's train_gpt2_fp32.cu.
+
+It computes the same model as the CPU reference trainer (dev/train_gpt2.cpp), takes the
+same flags and prints the same step lines, so the two can be compared line by line. The
+kernels are in llmc/cuda_kernels.cuh (shared with dev/cuda/, where each is tested and
+timed on its own); this file holds the model, the passes, the optimizer step and main.
+
+Memory: parameters, gradients, AdamW moments and activations are fp32 on the GPU, one
+contiguous buffer each; parameters and gradients use the file layout of llmc/gpt2_file.h,
+so "element k of the model" is the same number in every buffer and in every file.
+
+What differs from the CPU trainer, and why:
+- The activations keep only what the backward pass reads (e.g. the softmax `att` but not
+  `preatt`, q/k/v in head layout instead of `qkv`); the rest lives in a few scratch buffers
+  that each layer reuses. Gradients of activations are not stored per layer at all: one
+  buffer carries the gradient of the residual stream down the layers (dresidual), which is
+  what the CPU's per-layer residual_backward adds up to.
+- A forward pass with targets turns the logits into dlogits in place (fused classifier), so
+  the (B, T, Vp) probabilities are never stored. Read logits after a forward WITHOUT targets.
+- Matmuls go through cuBLASLt, TF32 by default (-f 0 for plain fp32; the test uses fp32).
+- Everything runs on the default stream; the only host waits are the loss copy at the end
+  of a forward pass with targets and the synchronize that closes a timed step.
+
+Build (see the Makefile): nvcc -O3 -fmad=false ... -lcublasLt -lcublas. -fmad=false is
+required: without it nvcc fuses multiply-adds and AdamW is no longer spec 3.1 to the bit.
+*/
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "cpu_adam.h"  // ZfAdamHyper (the CPU optimizer itself is not used by -zo adamw)
+#include "llmc/cuda_kernels.cuh"
+#include "llmc/dataloader.h"
+#include "llmc/gpt2_file.h"
+#include "llmc/tokenizer.h"
+#include "llmc/utils.h"
+
+// ----------------------------------------------------------------------------
+// the model: parameters and gradients (device), in the file layout
+
+typedef struct {
+    float* wte;       // (Vp, C)
+    float* wpe;       // (maxT, C)
+    float* ln1w;      // (L, C)
+    float* ln1b;      // (L, C)
+    float* qkvw;      // (L, 3C, C)
+    float* qkvb;      // (L, 3C)
+    float* attprojw;  // (L, C, C)
+    float* attprojb;  // (L, C)
+    float* ln2w;      // (L, C)
+    float* ln2b;      // (L, C)
+    float* fcw;       // (L, 4C, C)
+    float* fcb;       // (L, 4C)
+    float* fcprojw;   // (L, C, 4C)
+    float* fcprojb;   // (L, C)
+    float* lnfw;      // (C)
+    float* lnfb;      // (C)
+} ParameterTensors;
+
+// points the 16 tensors into one buffer, in file order
+static void point_parameters(ParameterTensors* p, const GPT2Config* c, float* memory) {
+    size_t sizes[NUM_PARAMETER_TENSORS];
+    gpt2_param_sizes(c, sizes);
+    float** ptrs[NUM_PARAMETER_TENSORS] = {
+        &p->wte,  &p->wpe,  &p->ln1w, &p->ln1b, &p->qkvw,    &p->qkvb,    &p->attprojw, &p->attprojb,
+        &p->ln2w, &p->ln2b, &p->fcw,  &p->fcb,  &p->fcprojw, &p->fcprojb, &p->lnfw,     &p->lnfb};
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+        *ptrs[i] = memory;
+        memory += sizes[i];
+    }
+}
+
+// ----------------------------------------------------------------------------
+// activations: what the forward pass keeps for the backward pass (one buffer)
+
+#define NUM_ACTIVATION_TENSORS 19
+typedef struct {
+    float* encoded;    // (B, T, C)
+    float* ln1;        // (L, B, T, C)
+    float* ln1_mean;   // (L, B, T)
+    float* ln1_rstd;   // (L, B, T)
+    float* qkvr;       // (L, 3, B, NH, T, hs)  q, k, v in head layout
+    float* atty;       // (L, B, T, C)
+    float* att;        // (L, B, NH, T, T)      causal softmax, zero above the diagonal
+    float* residual2;  // (L, B, T, C)
+    float* ln2;        // (L, B, T, C)
+    float* ln2_mean;   // (L, B, T)
+    float* ln2_rstd;   // (L, B, T)
+    float* fch;        // (L, B, T, 4C)
+    float* fch_gelu;   // (L, B, T, 4C)
+    float* residual3;  // (L, B, T, C)
+    float* lnf;        // (B, T, C)
+    float* lnf_mean;   // (B, T)
+    float* lnf_rstd;   // (B, T)
+    float* logits;     // (B, T, Vp)            dlogits after a forward pass with targets
+    float* losses;     // (B, T)
+} ActivationTensors;
+
+static void activation_sizes(size_t sizes[NUM_ACTIVATION_TENSORS], const GPT2Config* c, int B, int T) {
+    size_t L = c->num_layers, C = c->channels, NH = c->num_heads, Vp = c->padded_vocab_size;
+    size_t BT = (size_t)B * T;
+    size_t s[NUM_ACTIVATION_TENSORS] = {
+        BT * C,          L * BT * C,     L * BT,     L * BT,         L * 3 * BT * C,
+        L * BT * C,      L * B * NH * T * T,         L * BT * C,     L * BT * C,
+        L * BT,          L * BT,         L * BT * 4 * C,             L * BT * 4 * C,
+        L * BT * C,      BT * C,         BT,         BT,             BT * Vp,
+        BT};
+    memcpy(sizes, s, sizeof(s));
+}
+
+static float* point_activations(ActivationTensors* a, const size_t sizes[NUM_ACTIVATION_TENSORS],
+                                float* memory) {
+    float** ptrs[NUM_ACTIVATION_TENSORS] = {
+        &a->encoded,   &a->ln1,      &a->ln1_mean, &a->ln1_rstd,  &a->qkvr,     &a->atty,
+        &a->att,       &a->residual2, &a->ln2,     &a->ln2_mean,  &a->ln2_rstd, &a->fch,
+        &a->fch_gelu,  &a->residual3, &a->lnf,     &a->lnf_mean,  &a->lnf_rstd, &a->logits,
+        &a->losses};
+    for (int i = 0; i < NUM_ACTIVATION_TENSORS; i++) {
+        *ptrs[i] = memory;
+        memory += sizes[i];
+    }
+    return memory;
+}
+
+// scratch: buffers every layer reuses, in the forward pass or the backward pass
+#define NUM_SCRATCH_TENSORS 7
+typedef struct {
+    float* qkv;        // (B, T, 3C)     forward: qkv matmul output;  backward: dqkv
+    float* att;        // (B, NH, T, T)  forward: preatt;             backward: datt, then dpreatt
+    float* btc;        // (B, T, C)      forward: vaccum, attproj and fcproj outputs
+    float* dresidual;  // (B, T, C)      backward: gradient of the residual stream
+    float* dbtc;       // (B, T, C)      backward: dlnf, dln2, datty, dln1
+    float* d4c;        // (B, T, 4C)     backward: dfch_gelu -> dfch; then dq, dk, dv, dvaccum
+    float* colsum;     // (128, 4C)      partial column sums of bias / LayerNorm gradients
+} ScratchTensors;
+
+static void scratch_sizes(size_t sizes[NUM_SCRATCH_TENSORS], const GPT2Config* c, int B, int T) {
+    size_t C = c->channels, NH = c->num_heads, BT = (size_t)B * T;
+    size_t s[NUM_SCRATCH_TENSORS] = {BT * 3 * C, (size_t)B * NH * T * T, BT * C, BT * C,
+                                     BT * C,     BT * 4 * C,             (size_t)COLSUM_MAX_CHUNKS * 4 * C};
+    memcpy(sizes, s, sizeof(s));
+}
+
+static float* point_scratch(ScratchTensors* s, const size_t sizes[NUM_SCRATCH_TENSORS], float* memory) {
+    float** ptrs[NUM_SCRATCH_TENSORS] = {&s->qkv, &s->att, &s->btc, &s->dresidual, &s->dbtc, &s->d4c,
+                                         &s->colsum};
+    for (int i = 0; i < NUM_SCRATCH_TENSORS; i++) {
+        *ptrs[i] = memory;
+        memory += sizes[i];
+    }
+    return memory;
+}
+
+typedef struct {
+    GPT2Config config;
+    size_t num_parameters;
+    ParameterTensors params, grads;  // device pointers into the two buffers below
+    float* params_memory;            // (num_parameters) device
+    float* grads_memory;             // (num_parameters) device
+    float* adam_m;                   // (num_parameters) device, AdamW first moment
+    float* adam_v;                   // (num_parameters) device, AdamW second moment
+    // activations and scratch, allocated for the largest batch (B, T) seen
+    ActivationTensors acts;
+    ScratchTensors scratch;
+    float* acts_memory;
+    float* scratch_memory;
+    size_t num_activations, num_scratch;
+    int batch_size, seq_len;  // what they were allocated for
+    // token ids of the last forward, and the embedding-gradient buckets (encoder_backward):
+    // [inputs (BT) | targets (BT) | positions (BT) | tokens (BT) | starts (BT + 1)]
+    int* ids;          // device
+    int* ids_host;     // host mirror
+    int* counts_host;  // (V) scratch of the bucketing, kept zero
+    float* losses_host;  // (B, T)
+    int num_buckets;
+    int B, T;          // of the last forward
+    float mean_loss;   // of the last forward with targets, else -1
+    int logits_valid;  // 1 if acts.logits holds logits (forward without targets)
+} GPT2;
+
+// ----------------------------------------------------------------------------
+// build, allocate, free
+
+// builds the model from a model file or a spec such as "d12" (random init on the host)
+void gpt2_build(GPT2* model, const char* spec_or_path, uint64_t seed) {
+    memset(model, 0, sizeof(*model));
+    float* host_params = gpt2_load_or_init(spec_or_path, &model->config, seed);
+    size_t n = gpt2_num_params(&model->config);
+    model->num_parameters = n;
+    model->params_memory = cuda_malloc(n * sizeof(float), "parameters");
+    model->grads_memory = cuda_malloc(n * sizeof(float), "gradients");
+    model->adam_m = cuda_malloc(n * sizeof(float), "AdamW m");
+    model->adam_v = cuda_malloc(n * sizeof(float), "AdamW v");
+    cudaCheck(cudaMemcpy(model->params_memory, host_params, n * sizeof(float), cudaMemcpyHostToDevice));
+    cudaCheck(cudaMemset(model->grads_memory, 0, n * sizeof(float)));
+    cudaCheck(cudaMemset(model->adam_m, 0, n * sizeof(float)));
+    cudaCheck(cudaMemset(model->adam_v, 0, n * sizeof(float)));
+    free(host_params);
+    point_parameters(&model->params, &model->config, model->params_memory);
+    point_parameters(&model->grads, &model->config, model->grads_memory);
+    model->counts_host = (int*)calloc_check((size_t)model->config.vocab_size, sizeof(int));
+    model->mean_loss = -1.0f;
+}
+
+// (re)allocates activations and scratch unless those of a batch at least this big exist.
+// Growing takes the larger B and the larger T seen, so that sampling (B = 1, T up to maxT)
+// and training (B, T) do not take turns reallocating.
+void gpt2_allocate(GPT2* model, int B, int T) {
+    if ((size_t)B * T <= (size_t)model->batch_size * model->seq_len && T <= model->seq_len) { return; }
+    B = B > model->batch_size ? B : model->batch_size;
+    T = T > model->seq_len ? T : model->seq_len;
+    cudaCheck(cudaFree(model->acts_memory));
+    cudaCheck(cudaFree(model->scratch_memory));
+    cudaCheck(cudaFree(model->ids));
+    free(model->ids_host);
+    free(model->losses_host);
+    size_t sizes[NUM_ACTIVATION_TENSORS], ssizes[NUM_SCRATCH_TENSORS];
+    activation_sizes(sizes, &model->config, B, T);
+    scratch_sizes(ssizes, &model->config, B, T);
+    model->num_activations = 0;
+    model->num_scratch = 0;
+    for (int i = 0; i < NUM_ACTIVATION_TENSORS; i++) { model->num_activations += sizes[i]; }
+    for (int i = 0; i < NUM_SCRATCH_TENSORS; i++) { model->num_scratch += ssizes[i]; }
+    model->acts_memory = cuda_malloc(model->num_activations * sizeof(float), "activations");
+    model->scratch_memory = cuda_malloc(model->num_scratch * sizeof(float), "scratch buffers");
+    size_t BT = (size_t)B * T;
+    model->ids = (int*)cuda_malloc((5 * BT + 1) * sizeof(int), "token ids");
+    model->ids_host = (int*)malloc_check((5 * BT + 1) * sizeof(int));
+    model->losses_host = (float*)malloc_check(BT * sizeof(float));
+    model->batch_size = B;
+    model->seq_len = T;
+}
+
+void gpt2_free(GPT2* model) {
+    cudaCheck(cudaFree(model->params_memory));
+    cudaCheck(cudaFree(model->grads_memory));
+    cudaCheck(cudaFree(model->adam_m));
+    cudaCheck(cudaFree(model->adam_v));
+    cudaCheck(cudaFree(model->acts_memory));
+    cudaCheck(cudaFree(model->scratch_memory));
+    cudaCheck(cudaFree(model->ids));
+    free(model->ids_host);
+    free(model->counts_host);
+    free(model->losses_host);
+    memset(model, 0, sizeof(*model));
+}
+
+// ----------------------------------------------------------------------------
+// forward pass
+
+// Forward pass over inputs (B, T) (host memory). With targets (B, T) it also computes the
+// mean loss (model->mean_loss, copied to the host) and leaves dlogits in acts.logits for
+// gpt2_backward; without targets acts.logits holds the logits.
+void gpt2_forward(GPT2* model, const int* inputs, const int* targets, int B, int T) {
+    const GPT2Config* cfg = &model->config;
+    const int L = cfg->num_layers, C = cfg->channels, NH = cfg->num_heads;
+    const int V = cfg->vocab_size, Vp = cfg->padded_vocab_size;
+    if (T > cfg->max_seq_len) {
+        zf_fail("sequence length T=%d exceeds the model's maxT=%d (hint: lower -t)", T, cfg->max_seq_len);
+    }
+    const int BT = B * T;
+    for (int i = 0; i < BT; i++) {
+        if (inputs[i] < 0 || inputs[i] >= V || (targets != NULL && (targets[i] < 0 || targets[i] >= V))) {
+            zf_fail("token id out of range at position %d (vocabulary %d)", i, V);
+        }
+    }
+    gpt2_allocate(model, B, T);
+    size_t sizes[NUM_ACTIVATION_TENSORS], ssizes[NUM_SCRATCH_TENSORS];
+    activation_sizes(sizes, cfg, B, T);
+    scratch_sizes(ssizes, cfg, B, T);
+    point_activations(&model->acts, sizes, model->acts_memory);
+    point_scratch(&model->scratch, ssizes, model->scratch_memory);
+
+    // token ids to the device; for training also the positions of each token, so that the
+    // embedding gradient can add them up in a fixed order without atomics
+    int* ids = model->ids_host;
+    memcpy(ids, inputs, BT * sizeof(int));
+    size_t id_count = 2 * (size_t)BT;
+    if (targets != NULL) {
+        memcpy(ids + BT, targets, BT * sizeof(int));
+        model->num_buckets = encoder_backward_buckets(inputs, BT, V, ids + 2 * BT, ids + 3 * BT,
+                                                      ids + 4 * BT, model->counts_host);
+        id_count = 5 * (size_t)BT + 1;
+    } else {
+        memset(ids + BT, 0, BT * sizeof(int));
+    }
+    cudaCheck(cudaMemcpy(model->ids, ids, id_count * sizeof(int), cudaMemcpyHostToDevice));
+    const int* inputs_d = model->ids;
+    const int* targets_d = model->ids + BT;
+
+    ParameterTensors p = model->params;
+    ActivationTensors a = model->acts;
+    ScratchTensors s = model->scratch;
+    const size_t BTC = (size_t)BT * C;
+    const size_t att_size = (size_t)B * NH * T * T;
+    encoder_forward(a.encoded, inputs_d, p.wte, p.wpe, B, T, C);  // (B, T, C)
+    for (int l = 0; l < L; l++) {
+        const float* residual = l == 0 ? a.encoded : a.residual3 + (l - 1) * BTC;  // (B, T, C)
+        float* ln1 = a.ln1 + l * BTC;                      // (B, T, C)
+        float* ln1_mean = a.ln1_mean + (size_t)l * BT;     // (B, T)
+        float* ln1_rstd = a.ln1_rstd + (size_t)l * BT;     // (B, T)
+        float* qkvr = a.qkvr + l * 3 * BTC;                // (3, B, NH, T, hs)
+        float* atty = a.atty + l * BTC;                    // (B, T, C)
+        float* att = a.att + l * att_size;                 // (B, NH, T, T)
+        float* residual2 = a.residual2 + l * BTC;          // (B, T, C)
+        float* ln2 = a.ln2 + l * BTC;                      // (B, T, C)
+        float* ln2_mean = a.ln2_mean + (size_t)l * BT;     // (B, T)
+        float* ln2_rstd = a.ln2_rstd + (size_t)l * BT;     // (B, T)
+        float* fch = a.fch + l * 4 * BTC;                  // (B, T, 4C)
+        float* fch_gelu = a.fch_gelu + l * 4 * BTC;        // (B, T, 4C)
+        float* residual3 = a.residual3 + l * BTC;          // (B, T, C)
+        // attention block
+        layernorm_forward(ln1, ln1_mean, ln1_rstd, residual, p.ln1w + l * C, p.ln1b + l * C, BT, C);
+        matmul_forward(s.qkv, ln1, p.qkvw + (size_t)l * 3 * C * C, p.qkvb + l * 3 * C, BT, C, 3 * C);
+        attention_forward(atty, qkvr, att, s.att, s.btc, s.qkv, B, T, C, NH);
+        matmul_forward(s.btc, atty, p.attprojw + (size_t)l * C * C, p.attprojb + l * C, BT, C, C);
+        residual_forward(residual2, residual, s.btc, BTC);
+        // MLP block
+        layernorm_forward(ln2, ln2_mean, ln2_rstd, residual2, p.ln2w + l * C, p.ln2b + l * C, BT, C);
+        matmul_forward(fch, ln2, p.fcw + (size_t)l * 4 * C * C, p.fcb + l * 4 * C, BT, C, 4 * C);
+        gelu_forward(fch_gelu, fch, 4 * BTC);
+        matmul_forward(s.btc, fch_gelu, p.fcprojw + (size_t)l * 4 * C * C, p.fcprojb + l * C, BT, 4 * C, C);
+        residual_forward(residual3, residual2, s.btc, BTC);
+    }
+    const float* last = a.residual3 + (L - 1) * BTC;  // (B, T, C)
+    layernorm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, last, p.lnfw, p.lnfb, BT, C);
+    matmul_forward(a.logits, a.lnf, p.wte, NULL, BT, C, Vp);  // (B, T, Vp), tied output projection
+
+    model->B = B;
+    model->T = T;
+    if (targets != NULL) {
+        fused_classifier(a.logits, a.losses, targets_d, 1.0f / (B * T), BT, V, Vp);
+        cudaCheck(cudaMemcpy(model->losses_host, a.losses, BT * sizeof(float), cudaMemcpyDeviceToHost));
+        float sum = 0.0f;  // in row order on the host, as the CPU trainer does
+        for (int i = 0; i < BT; i++) { sum += model->losses_host[i]; }
+        model->mean_loss = sum / BT;
+        model->logits_valid = 0;
+    } else {
+        model->mean_loss = -1.0f;
+        model->logits_valid = 1;
+    }
+}
+
+// ----------------------------------------------------------------------------
+// backward pass
+
+void gpt2_zero_grad(GPT2* model) {
+    cudaCheck(cudaMemset(model->grads_memory, 0, model->num_parameters * sizeof(float)));
+}
+
+// backward pass of the last forward (which must have had targets); ADDS into the gradients,
+// so call gpt2_zero_grad first unless accumulating
+void gpt2_backward(GPT2* model) {
+    if (model->mean_loss < 0.0f) { zf_fail("gpt2_backward: the forward pass had no targets"); }
+    const GPT2Config* cfg = &model->config;
+    const int B = model->B, T = model->T, BT = B * T;
+    const int L = cfg->num_layers, C = cfg->channels, NH = cfg->num_heads, Vp = cfg->padded_vocab_size;
+    const size_t BTC = (size_t)BT * C;
+    const size_t att_size = (size_t)B * NH * T * T;
+    ParameterTensors p = model->params, g = model->grads;
+    ActivationTensors a = model->acts;
+    ScratchTensors s = model->scratch;
+    float* dres = s.dresidual;  // (B, T, C): d loss / d (residual stream at the current depth)
+
+    // classifier: a.logits already holds dlogits (fused classifier)
+    matmul_backward(s.dbtc, g.wte, NULL, s.colsum, a.logits, a.lnf, p.wte, BT, C, Vp);  // dlnf
+    cudaCheck(cudaMemset(dres, 0, BTC * sizeof(float)));
+    layernorm_backward(dres, g.lnfw, g.lnfb, s.colsum, s.dbtc, a.residual3 + (L - 1) * BTC, p.lnfw,
+                       a.lnf_mean, a.lnf_rstd, BT, C);
+    for (int l = L - 1; l >= 0; l--) {
+        const float* residual = l == 0 ? a.encoded : a.residual3 + (l - 1) * BTC;
+        const size_t lbt = (size_t)l * BT;
+        // MLP block, in reverse. d residual3 = dres; it flows unchanged into fcproj and
+        // residual2 (residual add), and the LayerNorm adds its part to it.
+        matmul_backward(s.d4c, g.fcprojw + (size_t)l * 4 * C * C, g.fcprojb + l * C, s.colsum, dres,
+                        a.fch_gelu + l * 4 * BTC, p.fcprojw + (size_t)l * 4 * C * C, BT, 4 * C, C);  // dfch_gelu
+        gelu_backward_inplace(s.d4c, a.fch + l * 4 * BTC, 4 * BTC);  // dfch
+        matmul_backward(s.dbtc, g.fcw + (size_t)l * 4 * C * C, g.fcb + l * 4 * C, s.colsum, s.d4c,
+                        a.ln2 + l * BTC, p.fcw + (size_t)l * 4 * C * C, BT, C, 4 * C);  // dln2
+        layernorm_backward(dres, g.ln2w + l * C, g.ln2b + l * C, s.colsum, s.dbtc, a.residual2 + l * BTC,
+                           p.ln2w + l * C, a.ln2_mean + lbt, a.ln2_rstd + lbt, BT, C);  // dres = d residual2
+        // attention block, in reverse
+        matmul_backward(s.dbtc, g.attprojw + (size_t)l * C * C, g.attprojb + l * C, s.colsum, dres,
+                        a.atty + l * BTC, p.attprojw + (size_t)l * C * C, BT, C, C);  // datty
+        attention_backward(s.qkv, s.att, s.d4c, s.dbtc, a.qkvr + l * 3 * BTC, a.att + l * att_size, B, T,
+                           C, NH);  // dqkv
+        matmul_backward(s.dbtc, g.qkvw + (size_t)l * 3 * C * C, g.qkvb + l * 3 * C, s.colsum, s.qkv,
+                        a.ln1 + l * BTC, p.qkvw + (size_t)l * 3 * C * C, BT, C, 3 * C);  // dln1
+        layernorm_backward(dres, g.ln1w + l * C, g.ln1b + l * C, s.colsum, s.dbtc, residual,
+                           p.ln1w + l * C, a.ln1_mean + lbt, a.ln1_rstd + lbt, BT, C);  // dres = d residual
+    }
+    const int* ids = model->ids;
+    encoder_backward(g.wte, g.wpe, dres, ids + 2 * BT, ids + 3 * BT, ids + 4 * BT, model->num_buckets, B,
+                     T, C);
+}
+
+// ----------------------------------------------------------------------------
+// optimizer: plain AdamW on every parameter (spec 3.1), weight decay on matrices only
+
+void gpt2_update(GPT2* model, ZfAdamHyper h, int step) {
+    size_t sizes[NUM_PARAMETER_TENSORS], offset = 0;
+    gpt2_param_sizes(&model->config, sizes);
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+        float wd = gpt2_tensor_shape(&model->config, i).is_matrix ? h.weight_decay : 0.0f;
+        adamw_update(model->params_memory + offset, model->adam_m + offset, model->adam_v + offset,
+                     model->grads_memory + offset, sizes[i], h.lr, h.beta1, h.beta2, h.eps, wd, step);
+        offset += sizes[i];
+    }
+}
+
+// ----------------------------------------------------------------------------
+// copies to the host (they wait for the GPU)
+
+// the logits of the last forward without targets, padding dropped: out (B, T, V)
+void gpt2_copy_logits_to_host(const GPT2* model, float* out) {
+    if (!model->logits_valid) {
+        zf_fail("gpt2_copy_logits_to_host: the last forward had targets, so the logits were replaced "
+                "by dlogits (hint: run gpt2_forward with targets = NULL first)");
+    }
+    const int V = model->config.vocab_size, Vp = model->config.padded_vocab_size;
+    cudaCheck(cudaMemcpy2D(out, V * sizeof(float), model->acts.logits, Vp * sizeof(float), V * sizeof(float),
+                           (size_t)model->B * model->T, cudaMemcpyDeviceToHost));
+}
+
+void gpt2_copy_grads_to_host(const GPT2* model, float* out) {
+    cudaCheck(cudaMemcpy(out, model->grads_memory, model->num_parameters * sizeof(float),
+                         cudaMemcpyDeviceToHost));
+}
+
+void gpt2_copy_params_to_host(const GPT2* model, float* out) {
+    cudaCheck(cudaMemcpy(out, model->params_memory, model->num_parameters * sizeof(float),
+                         cudaMemcpyDeviceToHost));
+}
+
+// ----------------------------------------------------------------------------
+// main training loop
+#ifndef TESTING
+
+// index drawn from the probabilities (sum to 1) with a uniform coin in [0, 1)
+static int sample_mult(const float* probs, int n, float coin) {
+    float cdf = 0.0f;
+    for (int i = 0; i < n; i++) {
+        cdf += probs[i];
+        if (coin < cdf) { return i; }
+    }
+    return n - 1;  // rounding left the cdf just below 1
+}
+
+// generates `steps` tokens after <|endoftext|> and prints them; the softmax of the one row
+// we need is done on the host (as the CPU trainer computes it)
+static void gpt2_sample(GPT2* model, const Tokenizer* tok, int eot, int steps, uint64_t* rng) {
+    int maxT = model->config.max_seq_len, V = model->config.vocab_size, Vp = model->config.padded_vocab_size;
+    int n = steps + 1 < maxT ? steps + 1 : maxT;
+    int* tokens = (int*)malloc_check(n * sizeof(int));
+    float* probs = (float*)malloc_check(V * sizeof(float));
+    tokens[0] = eot;
+    printf("generating:\n---\n");
+    for (int t = 1; t < n; t++) {
+        gpt2_forward(model, tokens, NULL, 1, t);
+        cudaCheck(cudaMemcpy(probs, model->acts.logits + (size_t)(t - 1) * Vp, V * sizeof(float),
+                             cudaMemcpyDeviceToHost));
+        float maxval = -INFINITY, sum = 0.0f;
+        for (int i = 0; i < V; i++) { maxval = probs[i] > maxval ? probs[i] : maxval; }
+        for (int i = 0; i < V; i++) {
+            probs[i] = expf(probs[i] - maxval);
+            sum += probs[i];
+        }
+        for (int i = 0; i < V; i++) { probs[i] = probs[i] / sum; }
+        tokens[t] = sample_mult(probs, V, zf_random_f32(rng));
+        tokenizer_print(tok, tokens[t]);
+        fflush(stdout);
+    }
+    printf("\n---\n");
+    free(probs);
+    free(tokens);
+}
+
+static void print_memory_table(const GPT2* model) {
+    const double MiB = 1048576.0;
+    double params = model->num_parameters * sizeof(float) / MiB;
+    double acts = model->num_activations * sizeof(float) / MiB;
+    double scratch = model->num_scratch * sizeof(float) / MiB + ZF_CUBLASLT_WORKSPACE_BYTES / MiB;
+    size_t free_bytes = 0, total_bytes = 0;
+    cudaCheck(cudaMemGetInfo(&free_bytes, &total_bytes));
+    printf("[memory] %-28s %10.1f MiB\n", "parameters", params);
+    printf("[memory] %-28s %10.1f MiB\n", "gradients", params);
+    printf("[memory] %-28s %10.1f MiB\n", "optimizer state (AdamW m, v)", 2 * params);
+    printf("[memory] %-28s %10.1f MiB  (B=%d T=%d)\n", "activations", acts, model->batch_size,
+           model->seq_len);
+    printf("[memory] %-28s %10.1f MiB  (incl. 32 MiB cuBLASLt workspace)\n", "scratch", scratch);
+    printf("[memory] %-28s %10.1f MiB  (device: %.1f MiB free of %.1f)\n", "total", 4 * params + acts + scratch,
+           free_bytes / MiB, total_bytes / MiB);
+}
+
+static void usage(void) {
+    fprintf(stderr,
+            "Usage:   ./train_gpt2cu [options]\n"
+            "Options:\n"
+            "  -i <string> train data pattern (default data/tinyshakespeare/tiny_shakespeare_train.bin)\n"
+            "  -j <string> val data pattern (default data/tinyshakespeare/tiny_shakespeare_val.bin)\n"
+            "  -e <string> model: a .bin file, or a random init d12|d24|d36|d48|d<L>c<C>h<NH>\n"
+            "              (default d4c256h4)\n"
+            "  -k <string> tokenizer file (default data/gpt2_tokenizer.bin)\n"
+            "  -o <string> output directory for main.log and checkpoints (default none)\n"
+            "  -b <int>    batch size B (default 4)\n"
+            "  -t <int>    sequence length T (default 64)\n"
+            "  -x <int>    number of training steps (default 20)\n"
+            "  -l <float>  learning rate (default 3e-4)\n"
+            "  -c <float>  weight decay, matrices only (default 0.0)\n"
+            "  -v <int>    val loss every this many steps, 0 = never (default 20)\n"
+            "  -m <int>    val batches (default 20)\n"
+            "  -s <int>    sample every this many steps, 0 = never (default 20)\n"
+            "  -g <int>    tokens to generate (default 64)\n"
+            "  -n <int>    write a checkpoint every this many steps, 0 = never (default 0)\n"
+            "  -r <int>    random seed for init and sampling (default 1337)\n"
+            "  -f <int>    TF32 tensor cores for the matmuls, 0 or 1 (default 1)\n"
+            "ZenFlow (docs/zenflow_spec.md):\n"
+            "  -zo <string> optimizer mode: adamw (default; offload and zenflow: issue 5)\n"
+            "  -h          this message\n");
+}
+
+int main(int argc, char* argv[]) {
+    const char* train_pattern = "data/tinyshakespeare/tiny_shakespeare_train.bin";
+    const char* val_pattern = "data/tinyshakespeare/tiny_shakespeare_val.bin";
+    const char* model_spec = "d4c256h4";
+    const char* tokenizer_path = "data/gpt2_tokenizer.bin";
+    const char* output_dir = NULL;
+    const char* optimizer = "adamw";
+    int B = 4, T = 64, steps = 20, val_every = 20, val_batches = 20, sample_every = 20;
+    int gen_tokens = 64, checkpoint_every = 0, use_tf32 = 1;
+    float lr = 3e-4f, weight_decay = 0.0f;
+    long seed = 1337;
+    for (int i = 1; i < argc; i += 2) {
+        const char* flag = argv[i];
+        if (strcmp(flag, "-h") == 0) { usage(); return 0; }
+        size_t len = strlen(flag);
+        if (flag[0] != '-' || len < 2 || len > 3 || (len == 3 && flag[1] != 'z')) {
+            zf_fail("unknown argument '%s' (hint: -h lists the flags)", flag);
+        }
+        if (i + 1 >= argc) { zf_fail("flag %s needs a value", flag); }
+        const char* val = argv[i + 1];
+        if (len == 3) {  // ZenFlow's flags, -z<letter>, as in the CPU trainer
+            if (flag[2] != 'o') {
+                zf_fail("flag %s: ZenFlow is not implemented yet in the CUDA trainer (issue 5) (hint: "
+                        "the CPU trainer has it)", flag);
+            }
+            if (strcmp(val, "offload") == 0 || strcmp(val, "zenflow") == 0) {
+                zf_fail("flag -zo: '%s' is not implemented yet in the CUDA trainer (issue 5) (hint: -zo "
+                        "adamw, or the CPU trainer)", val);
+            }
+            if (strcmp(val, "adamw") != 0) {
+                zf_fail("flag -zo: '%s' is not a mode (adamw, offload or zenflow)", val);
+            }
+            optimizer = val;
+            continue;
+        }
+        switch (flag[1]) {
+            case 'i': train_pattern = val; break;
+            case 'j': val_pattern = val; break;
+            case 'e': model_spec = val; break;
+            case 'k': tokenizer_path = val; break;
+            case 'o': output_dir = val; break;
+            case 'b': B = (int)zf_parse_int(flag, val, 1, 1 << 16); break;
+            case 't': T = (int)zf_parse_int(flag, val, 1, 1 << 20); break;
+            case 'x': steps = (int)zf_parse_int(flag, val, 0, 1 << 30); break;
+            case 'l': lr = zf_parse_float(flag, val, 0.0, 10.0); break;
+            case 'c': weight_decay = zf_parse_float(flag, val, 0.0, 10.0); break;
+            case 'v': val_every = (int)zf_parse_int(flag, val, 0, 1 << 30); break;
+            case 'm': val_batches = (int)zf_parse_int(flag, val, 1, 1 << 20); break;
+            case 's': sample_every = (int)zf_parse_int(flag, val, 0, 1 << 30); break;
+            case 'g': gen_tokens = (int)zf_parse_int(flag, val, 1, 1 << 20); break;
+            case 'n': checkpoint_every = (int)zf_parse_int(flag, val, 0, 1 << 30); break;
+            case 'r': seed = zf_parse_int(flag, val, 0, 1L << 62); break;
+            case 'f': use_tf32 = (int)zf_parse_int(flag, val, 0, 1); break;
+            default: zf_fail("unknown flag %s (hint: -h lists the flags)", flag);
+        }
+    }
+    if (checkpoint_every > 0 && output_dir == NULL) {
+        zf_fail("flag -n: checkpoints need an output directory (hint: add -o <dir>)");
+    }
+    if ((long long)B * T > (1LL << 30)) { zf_fail("flags -b, -t: B*T=%lld is too large", (long long)B * T); }
+
+    cudaDeviceProp prop = zf_cuda_init_device();
+    printf("[device] %s, compute capability %d.%d, %d SMs, %.1f GiB\n", prop.name, prop.major, prop.minor,
+           prop.multiProcessorCount, prop.totalGlobalMem / 1073741824.0);
+    zf_cublas_init(use_tf32);
+
+    GPT2 model;
+    gpt2_build(&model, model_spec, (uint64_t)seed);
+    const GPT2Config* cfg = &model.config;
+    if (T > cfg->max_seq_len) { zf_fail("flag -t: T=%d exceeds the model's maxT=%d", T, cfg->max_seq_len); }
+    printf("[GPT-2] L=%d C=%d NH=%d V=%d Vp=%d maxT=%d, %zu parameters (%.1f M)\n", cfg->num_layers,
+           cfg->channels, cfg->num_heads, cfg->vocab_size, cfg->padded_vocab_size, cfg->max_seq_len,
+           model.num_parameters, model.num_parameters / 1e6);
+    printf("[run] B=%d T=%d steps=%d lr=%g wd=%g tf32=%s\n", B, T, steps, lr, weight_decay,
+           use_tf32 ? "on" : "off");
+    printf("[optimizer] %s: every parameter and its moments on the GPU\n", optimizer);
+
+    DataLoader train_loader, val_loader;
+    dataloader_init(&train_loader, train_pattern, B, T, cfg->vocab_size);
+    dataloader_init(&val_loader, val_pattern, B, T, cfg->vocab_size);
+    Tokenizer tokenizer;
+    tokenizer_init(&tokenizer, tokenizer_path);
+
+    gpt2_allocate(&model, B, T);
+    print_memory_table(&model);
+
+    FILE* logfile = NULL;
+    if (output_dir != NULL) {
+        if (mkdir(output_dir, 0755) != 0 && errno != EEXIST) {
+            zf_fail("flag -o: cannot create directory %s: %s", output_dir, strerror(errno));
+        }
+        char path[4096];
+        snprintf(path, sizeof(path), "%s/main.log", output_dir);
+        logfile = fopen_check(path, "w");
+    }
+
+    ZfAdamHyper hyper = {lr, 0.9f, 0.95f, 1e-8f, weight_decay};
+    uint64_t rng = (uint64_t)seed * 0x9E3779B97F4A7C15ull + 7;
+    float* host_params = NULL;  // for checkpoints
+
+    for (int step = 0; step <= steps; step++) {
+        int last = step == steps;
+        if (val_every > 0 && (step % val_every == 0 || last)) {
+            dataloader_reset(&val_loader);
+            float val_loss = 0.0f;
+            for (int i = 0; i < val_batches; i++) {
+                dataloader_next_batch(&val_loader);
+                gpt2_forward(&model, val_loader.inputs, val_loader.targets, B, T);
+                val_loss += model.mean_loss;
+            }
+            val_loss /= val_batches;
+            printf("step %d/%d | val loss %f\n", step, steps, val_loss);
+            if (logfile) { fprintf(logfile, "s:%d tel:%f\n", step, val_loss); fflush(logfile); }
+        }
+        if (sample_every > 0 && step > 0 && (step % sample_every == 0 || last)) {
+            gpt2_sample(&model, &tokenizer, tokenizer.init_ok ? tokenizer.eot_token : cfg->vocab_size - 1,
+                        gen_tokens, &rng);
+        }
+        if (checkpoint_every > 0 && step > 0 && (step % checkpoint_every == 0 || last)) {
+            if (host_params == NULL) { host_params = (float*)malloc_check(model.num_parameters * sizeof(float)); }
+            gpt2_copy_params_to_host(&model, host_params);
+            char path[4096];
+            snprintf(path, sizeof(path), "%s/model_%08d.bin", output_dir, step);
+            gpt2_write_model(path, cfg, host_params);
+            printf("wrote %s\n", path);
+        }
+        if (last) { break; }
+
+        double t0 = zf_now_ms();
+        dataloader_next_batch(&train_loader);
+        gpt2_forward(&model, train_loader.inputs, train_loader.targets, B, T);
+        gpt2_zero_grad(&model);
+        gpt2_backward(&model);
+        gpt2_update(&model, hyper, step + 1);
+        cudaCheck(cudaDeviceSynchronize());  // the step is done when the GPU is
+        double ms = zf_now_ms() - t0;
+        printf("step %d/%d | loss %f | %.1f ms | %.0f tok/s\n", step + 1, steps, model.mean_loss, ms,
+               B * T / (ms / 1e3));
+        if (logfile) { fprintf(logfile, "s:%d trl:%f\n", step + 1, model.mean_loss); fflush(logfile); }
+    }
+
+    if (logfile) { fclose(logfile); }
+    free(host_params);
+    tokenizer_free(&tokenizer);
+    dataloader_free(&train_loader);
+    dataloader_free(&val_loader);
+    gpt2_free(&model);
+    zf_cublas_free();
+    return 0;
+}
+#endif
