@@ -34,6 +34,7 @@ owns every matrix element), zenflow = 0 < k < 1 with windows of U steps and over
 
 #include "cpu_adam.h"
 #include "llmc/gpt2_file.h"
+#include "llmc/trace.h"
 #include "llmc/utils.h"
 
 typedef enum { ZF_MODE_ADAMW = 0, ZF_MODE_OFFLOAD = 1, ZF_MODE_ZENFLOW = 2 } ZfMode;
@@ -250,19 +251,25 @@ static inline void zf_start_warmup(ZenFlow* zf) {
 static int zf_window_update(void* arg) {
     ZfWindowJob* job = (ZfWindowJob*)arg;
     ZenFlow* zf = job->zf;
+    double t0 = zf_now_ms();
     // spec 4.6: G = A / n, then AdamW on every CPU-owned element (all are matrix elements)
     zf_cpu_adam_step_mean(zf->master, zf->m, zf->v, job->acc, job->count, zf->cpu_elems,
                           job->hyper, job->step);
+    trace_event(TRACE_CPU_UPDATE, "window update", t0, zf_now_ms());
     return 0;
 }
 
 // waits for the window job in flight (if any) and applies its result to the working copy
 static inline void zf_wait_and_apply(ZenFlow* zf) {
     if (zf->pending_ticket < 0) { return; }
+    double t0 = zf_now_ms();
     int status = zf_updater_wait(zf->updater, zf->pending_ticket);
     if (status != 0) { zf_fail("the CPU updater failed with code %d", status); }
+    double t1 = zf_now_ms();
+    trace_event(TRACE_WAIT, "wait for CPU", t0, t1);
     zf_updater_busy_ms(zf->updater, &zf->cpu_update_ms);
     zf->backend.params_from_host(zf->backend.ctx, zf, zf->master);
+    trace_event(TRACE_H2D, "apply", t1, zf_now_ms());
     zf->pending_ticket = -1;
 }
 
@@ -387,16 +394,26 @@ static inline void zf_step(ZenFlow* zf, int t, ZfAdamHyper hyper) {
         int first = zf->last_select_step < 0;
         int due = cfg->select_interval > 0 && zf->window_count == 0 &&
                   t - zf->last_select_step >= cfg->select_interval;
-        if (first || due) { zf_select(zf, t); }
+        if (first || due) {
+            double t0 = zf_now_ms();
+            zf_select(zf, t);
+            trace_event(TRACE_COMPUTE, "select + migrate", t0, zf_now_ms());
+        }
     }
 
     // 4.3 GPU update: selected columns and vectors, with g_t (during warm-up: vectors only)
+    double t0 = zf_now_ms();
     be->gpu_adam(be->ctx, zf, hyper, s);
+    double t1 = zf_now_ms();
+    trace_event(TRACE_COMPUTE, "GPU-side AdamW", t0, t1);
     if (zf->cpu_elems == 0) { return; }  // adamw mode: the CPU owns nothing
 
     // 4.4 accumulate: A += g_t on the CPU-owned elements, n += 1
     be->grads_to_host(be->ctx, zf, zf->grad_stage);
+    double t2 = zf_now_ms();
+    trace_event(TRACE_D2H, "gradients", t1, t2);
     zf_cpu_accumulate(zf->acc, zf->grad_stage, zf->cpu_elems);
+    trace_event(TRACE_CPU_UPDATE, "accumulate", t2, zf_now_ms());
     zf->window_count++;
 
     // 4.5 boundary? (warm-up: every step, synchronously)
@@ -408,10 +425,13 @@ static inline void zf_step(ZenFlow* zf, int t, ZfAdamHyper hyper) {
     if (!cfg->overlap || warmup) {
         // synchronous: update now, apply before the next forward
         ZfWindowJob job = {zf, zf->acc, zf->window_count, s, cpu_hyper};
-        double t0 = zf_now_ms();
+        double t3 = zf_now_ms();
         zf_window_update(&job);
-        zf->cpu_update_ms = zf_now_ms() - t0;
+        double t4 = zf_now_ms();
+        zf->cpu_update_ms = t4 - t3;
+        trace_event(TRACE_WAIT, "wait for CPU (synchronous)", t3, t4);
         be->params_from_host(be->ctx, zf, zf->master);
+        trace_event(TRACE_H2D, "apply", t4, zf_now_ms());
     } else {
         // overlap: apply window w-1, then hand window w to the updater and go on training
         zf_wait_and_apply(zf);

@@ -794,6 +794,34 @@ void zenflow_cpu_free(ZenFlow* zf, CpuDevice* dev) {
 }
 
 // ----------------------------------------------------------------------------
+// column scores of every step, for the importance-locality study (scripts/locality_study.py)
+// File: int32 magic 20241129, version 1, number of matrices; per matrix int32 rows, cols and
+// a 32-byte name; then per step: int32 step, and every matrix's cols fp32 scores in order.
+
+FILE* scores_open(const char* path, const ZenFlow* zf) {
+    FILE* fp = fopen_check(path, "wb");
+    int header[3] = {20241129, 1, zf->num_matrices};
+    fwrite_check(header, sizeof(int), 3, fp, path);
+    for (int i = 0; i < zf->num_matrices; i++) {
+        const ZfMatrix* mat = &zf->matrices[i];
+        int shape[2] = {mat->rows, mat->cols};
+        fwrite_check(shape, sizeof(int), 2, fp, path);
+        fwrite_check(mat->name, 1, sizeof(mat->name), fp, path);
+    }
+    return fp;
+}
+
+void scores_write(FILE* fp, ZenFlow* zf, int step) {
+    fwrite_check(&step, sizeof(int), 1, fp, "scores file");
+    std::vector<float> scores;
+    for (int i = 0; i < zf->num_matrices; i++) {
+        scores.resize(zf->matrices[i].cols);
+        zf->backend.column_scores(zf->backend.ctx, &zf->matrices[i], scores.data());
+        fwrite_check(scores.data(), sizeof(float), scores.size(), fp, "scores file");
+    }
+}
+
+// ----------------------------------------------------------------------------
 // sampling
 
 // index drawn from the probabilities (sum to 1) with a uniform coin in [0, 1)
@@ -857,10 +885,16 @@ static void usage(void) {
             "  -zw <int>    warm-up steps W of synchronous offload (default 0)\n"
             "  -zv <0|1>    overlap the CPU update with training (default 1)\n"
             "  -zl <string> write every selection (columns and scores) to this file\n"
+            "  -zd <string> write every step's column scores to this file (locality study)\n"
+            "Timeline (a Chrome trace-event file for Perfetto / chrome://tracing):\n"
+            "  -tr <string> trace file (default none)\n"
+            "  -tf <int>    first step to trace, 1-based (default 1)\n"
+            "  -tn <int>    number of steps to trace (default 8)\n"
             "  -h          this message\n");
 }
 
 int main(int argc, char* argv[]) {
+    setvbuf(stdout, NULL, _IOLBF, 0);  // one line at a time, also into a log file or a pipe
     const char* train_pattern = "data/tinyshakespeare/tiny_shakespeare_train.bin";
     const char* val_pattern = "data/tinyshakespeare/tiny_shakespeare_val.bin";
     const char* model_spec = "d4c256h4";
@@ -872,15 +906,27 @@ int main(int argc, char* argv[]) {
     long seed = 1337;
     ZfConfig zcfg = zf_default_config();
     const char* selection_log = NULL;
+    const char* scores_path = NULL;
+    const char* trace_path = NULL;
+    int trace_first = 1, trace_steps = 8;
     for (int i = 1; i < argc; i += 2) {
         const char* flag = argv[i];
         if (strcmp(flag, "-h") == 0) { usage(); return 0; }
         size_t len = strlen(flag);
-        if (flag[0] != '-' || len < 2 || len > 3 || (len == 3 && flag[1] != 'z')) {
+        if (flag[0] != '-' || len < 2 || len > 3 || (len == 3 && flag[1] != 'z' && flag[1] != 't')) {
             zf_fail("unknown argument '%s' (hint: -h lists the flags)", flag);
         }
         if (i + 1 >= argc) { zf_fail("flag %s needs a value", flag); }
         const char* val = argv[i + 1];
+        if (len == 3 && flag[1] == 't') {  // the timeline trace, -t<letter>
+            switch (flag[2]) {
+                case 'r': trace_path = val; break;
+                case 'f': trace_first = (int)zf_parse_int(flag, val, 1, 1 << 30); break;
+                case 'n': trace_steps = (int)zf_parse_int(flag, val, 1, 1 << 20); break;
+                default: zf_fail("unknown flag %s (hint: -h lists the flags)", flag);
+            }
+            continue;
+        }
         if (len == 3) {  // ZenFlow's flags, -z<letter>
             switch (flag[2]) {
                 case 'o':
@@ -895,6 +941,7 @@ int main(int argc, char* argv[]) {
                 case 'w': zcfg.warmup = (int)zf_parse_int(flag, val, 0, 1 << 30); break;
                 case 'v': zcfg.overlap = (int)zf_parse_int(flag, val, 0, 1); break;
                 case 'l': selection_log = val; break;
+                case 'd': scores_path = val; break;
                 default: zf_fail("unknown flag %s (hint: -h lists the flags)", flag);
             }
             continue;
@@ -962,6 +1009,8 @@ int main(int argc, char* argv[]) {
     printf("[memory] CPU side (master, m, v, 2 accumulators, staging, 2 scratch) %.1f MiB, "
            "GPU-side moments %.1f MiB\n", 8.0 * zf.cpu_capacity * 4 / 1048576.0, 2.0 * (zf.vector_elems + zf.gpu_capacity) * 4 / 1048576.0);
     ZfAdamHyper hyper = {lr, 0.9f, 0.95f, 1e-8f, weight_decay};
+    if (trace_path != NULL) { trace_open(trace_path, trace_first, trace_first + trace_steps - 1); }
+    FILE* scores_file = scores_path != NULL ? scores_open(scores_path, &zf) : NULL;
     uint64_t rng = (uint64_t)seed * 0x9E3779B97F4A7C15ull + 7;
 
     for (int step = 0; step <= steps; step++) {
@@ -991,11 +1040,16 @@ int main(int argc, char* argv[]) {
         }
         if (last) { break; }
 
+        trace_set_step(step + 1);
         double t0 = zf_now_ms();
         dataloader_next_batch(&train_loader);
         gpt2_forward(&model, train_loader.inputs, train_loader.targets, B, T);
+        double t1 = zf_now_ms();
+        trace_event(TRACE_COMPUTE, "forward", t0, t1);
         gpt2_zero_grad(&model);
         gpt2_backward(&model, B, T);
+        trace_event(TRACE_COMPUTE, "backward", t1, zf_now_ms());
+        if (scores_file != NULL) { scores_write(scores_file, &zf, step); }
         zf_step(&zf, step, hyper);
         double ms = zf_now_ms() - t0;
         printf("step %d/%d | loss %f | %.1f ms | %.0f tok/s", step + 1, steps, model.mean_loss, ms,
@@ -1008,6 +1062,8 @@ int main(int argc, char* argv[]) {
 
     if (logfile) { fclose(logfile); }
     if (zf.selection_log != NULL) { fclose(zf.selection_log); }
+    if (scores_file != NULL) { fclose(scores_file); }
+    trace_close();
     zenflow_cpu_free(&zf, &device);
     tokenizer_free(&tokenizer);
     dataloader_free(&train_loader);

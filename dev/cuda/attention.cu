@@ -165,11 +165,13 @@ static void benchmark(int B, int T, int C, int NH, uint64_t* rng) {
     attention_forward(a.atty, a.qkvr, a.att, a.preatt, a.vaccum, a.qkv, B, T, C, NH);
     float us = benchmark_us(10, [&] {
         softmax_forward_kernel<<<ceil_div(rows, 8), 256>>>(a.att, a.preatt, scale, rows, T);
+        cudaCheck(cudaGetLastError());
     });
     // reads the causal half of preatt, writes all of att
     report_bandwidth("softmax_forward", us, (0.5 + 1.0) * att * 4);
     us = benchmark_us(10, [&] {
         softmax_backward_kernel<<<ceil_div(rows, 8), 256>>>(a.preatt, a.att, scale, rows, T);
+        cudaCheck(cudaGetLastError());
     });
     // reads the causal half of att and datt, writes all of dpreatt
     report_bandwidth("softmax_backward", us, (0.5 + 0.5 + 1.0) * att * 4);

@@ -138,6 +138,7 @@ static void benchmark(int N, int C, uint64_t* rng) {
     report_bandwidth("layernorm_backward", us, 4.0 * NC * 4);
     us = benchmark_us(20, [&] {
         layernorm_backward_input_kernel<<<ceil_div(N, 8), 256>>>(dinp, dout, inp, weight, mean, rstd, N, C);
+        cudaCheck(cudaGetLastError());
     });
     report_bandwidth("  of which dinp (warp per row)", us, 4.0 * NC * 4);
     free(h);

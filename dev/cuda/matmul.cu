@@ -8,8 +8,10 @@ reference and against a naive kernel (one thread per output) that shows what cuB
 Row-major matrices are column-major transposes; llmc/cuda_kernels.cuh says how each product
 maps onto cuBLAS's (m, n, k, transa, transb).
 
-Validation with TF32 off (plain fp32, tolerance 1e-5 relative to the tensor: only the order
-of the sums differs) and with TF32 on (5e-3: TF32 rounds both inputs of each product to 10
+The CPU reference accumulates in double, so it is near exact and the tolerance measures the
+GPU's own rounding. TF32 off (plain fp32): a sum of K products carries ~sqrt(K) roundings,
+so 1e-5 relative to the tensor for K <= 1024, growing as sqrt(K / 1024) beyond (7e-5 for
+the classifier's K = 50304). TF32 on: 5e-3 (TF32 rounds both inputs of each product to 10
 mantissa bits, ~1e-3 relative per product, averaging out over the sum). Buffers at odd
 offsets check that the alignments we tell cuBLASLt, and the bias fallback for pointers that
 the epilogue cannot take, work.
@@ -19,15 +21,15 @@ the epilogue cannot take, work.
 #include "common.h"
 
 // ----------------------------------------------------------------------------
-// CPU reference (the math of dev/train_gpt2.cpp, written plainly)
+// CPU reference (the math of dev/train_gpt2.cpp, written plainly, accumulated in double)
 
 static void matmul_forward_cpu(float* out, const float* inp, const float* weight, const float* bias, int BT, int C,
                                int OC) {
     for (int r = 0; r < BT; r++) {
         for (int o = 0; o < OC; o++) {
-            float s = 0.0f;
-            for (int i = 0; i < C; i++) { s += inp[(size_t)r * C + i] * weight[(size_t)o * C + i]; }
-            out[(size_t)r * OC + o] = s + (bias != NULL ? bias[o] : 0.0f);
+            double s = 0.0;
+            for (int i = 0; i < C; i++) { s += (double)inp[(size_t)r * C + i] * weight[(size_t)o * C + i]; }
+            out[(size_t)r * OC + o] = (float)(s + (bias != NULL ? bias[o] : 0.0f));
         }
     }
 }
@@ -36,20 +38,20 @@ static void matmul_backward_cpu(float* dinp, float* dweight, float* dbias, const
                                 const float* weight, int BT, int C, int OC) {
     for (int r = 0; r < BT; r++) {
         for (int i = 0; i < C; i++) {
-            float s = 0.0f;
-            for (int o = 0; o < OC; o++) { s += dout[(size_t)r * OC + o] * weight[(size_t)o * C + i]; }
-            dinp[(size_t)r * C + i] = s;  // the GPU overwrites dinp
+            double s = 0.0;
+            for (int o = 0; o < OC; o++) { s += (double)dout[(size_t)r * OC + o] * weight[(size_t)o * C + i]; }
+            dinp[(size_t)r * C + i] = (float)s;  // the GPU overwrites dinp
         }
     }
     for (int o = 0; o < OC; o++) {
         for (int i = 0; i < C; i++) {
-            float s = 0.0f;
-            for (int r = 0; r < BT; r++) { s += dout[(size_t)r * OC + o] * inp[(size_t)r * C + i]; }
-            dweight[(size_t)o * C + i] += s;
+            double s = 0.0;
+            for (int r = 0; r < BT; r++) { s += (double)dout[(size_t)r * OC + o] * inp[(size_t)r * C + i]; }
+            dweight[(size_t)o * C + i] = (float)(dweight[(size_t)o * C + i] + s);
         }
-        float s = 0.0f;
+        double s = 0.0;
         for (int r = 0; r < BT; r++) { s += dout[(size_t)r * OC + o]; }
-        dbias[o] += s;
+        dbias[o] = (float)(dbias[o] + s);
     }
 }
 
@@ -74,6 +76,9 @@ static void matmul_forward_naive(float* out, const float* inp, const float* weig
 }
 
 // ----------------------------------------------------------------------------
+
+// fp32 tolerance for sums of K products (see the top)
+static double fp32_tolerance(int K) { return 1e-5 * (K > 1024 ? sqrt(K / 1024.0) : 1.0); }
 
 // a device copy at `offset` floats past a fresh (256-byte aligned) allocation
 static float* to_device_at(const float* host, size_t n, int offset, float** base) {
@@ -107,9 +112,9 @@ static void validate(int BT, int C, int OC, int offset, uint64_t* rng) {
     matmul_forward_cpu(out, inp, weight, bias, BT, C, OC);
     zf_cublas_set_tf32(0);
     matmul_forward(d_out, d_inp, d_w, d_bias, BT, C, OC);
-    validate_result(d_out, out, n_out, "matmul_forward (fp32)", 1e-5);
+    validate_result(d_out, out, n_out, "matmul_forward (fp32)", fp32_tolerance(C));
     matmul_forward_naive(d_out, d_inp, d_w, d_bias, BT, C, OC);
-    validate_result(d_out, out, n_out, "matmul_forward_naive", 1e-5);
+    validate_result(d_out, out, n_out, "matmul_forward_naive", fp32_tolerance(C));
     zf_cublas_set_tf32(1);
     matmul_forward(d_out, d_inp, d_w, d_bias, BT, C, OC);
     validate_result(d_out, out, n_out, "matmul_forward (TF32)", 5e-3);
@@ -117,9 +122,9 @@ static void validate(int BT, int C, int OC, int offset, uint64_t* rng) {
 
     matmul_backward_cpu(dinp, dweight, dbias, dout, inp, weight, BT, C, OC);
     matmul_backward(d_dinp, d_dw, d_db, scratch, d_dout, d_inp, d_w, BT, C, OC);
-    validate_result(d_dinp, dinp, n_inp, "matmul_backward dinp (fp32)", 1e-5);
-    validate_result(d_dw, dweight, n_w, "matmul_backward dweight (fp32)", 1e-5);
-    validate_result(d_db, dbias, OC, "matmul_backward dbias", 1e-5);
+    validate_result(d_dinp, dinp, n_inp, "matmul_backward dinp (fp32)", fp32_tolerance(OC));
+    validate_result(d_dw, dweight, n_w, "matmul_backward dweight (fp32)", fp32_tolerance(BT));
+    validate_result(d_db, dbias, OC, "matmul_backward dbias", fp32_tolerance(BT));
 
     free(inp); free(weight); free(bias); free(dout); free(dweight); free(dbias); free(out); free(dinp);
     float* bases[] = {b_inp, b_w, b_bias, b_dout, b_dw, b_db, b_out, b_dinp, scratch};

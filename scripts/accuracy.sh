@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Does ZenFlow keep AdamW's accuracy? Trains the same small GPT-2 (4 layers, 256 channels,
+# GPT-2's vocabulary, random init) on tinyshakespeare in each mode with the CPU trainer and
+# prints train and val loss side by side. The paper's claim, checked here: ZenFlow's final
+# val loss within 2% of AdamW's.
+#
+#   bash scripts/accuracy.sh [steps]        (default 200; about 2 s a step on 2 cores)
+#
+# Logs go to build/accuracy/<mode>.log.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+STEPS=${1:-200}
+OUT=build/accuracy
+mkdir -p "$OUT"
+make -s train_gpt2cpu data >/dev/null
+COMMON=(-e d4c256h4 -b 4 -t 64 -x "$STEPS" -l 1e-3 -c 0.1 -v "$STEPS" -m 32 -s 0)
+for mode in adamw offload zenflow; do
+    echo "training $mode ($STEPS steps)..." >&2
+    ./train_gpt2cpu "${COMMON[@]}" -zo "$mode" > "$OUT/$mode.log"
+done
+
+# final val loss: the last "val loss" line; train loss: the mean of the last 20 steps
+summary() {
+    awk -v mode="$1" '
+        /\| loss / { split($0, a, "| loss "); split(a[2], b, " "); loss[n++] = b[1] }
+        /val loss/ { val = $NF }
+        END { s = 0; k = 0; for (i = n - 20; i < n; i++) if (i >= 0) { s += loss[i]; k++ }
+              printf "%s %.4f %.4f\n", mode, s / k, val }' "$OUT/$1.log"
+}
+echo
+echo "accuracy: d4c256h4 on tinyshakespeare, B=4 T=64, $STEPS steps, lr 1e-3, wd 0.1"
+echo "(zenflow: k 0.1, U 4, S 100, overlap on)"
+printf "| %-8s | %-26s | %-14s | %-16s |\n" mode "train loss (last 20 steps)" "final val loss" "val vs adamw"
+printf "| %-8s | %-26s | %-14s | %-16s |\n" -------- -------------------------- -------------- ----------------
+base=""
+for mode in adamw offload zenflow; do
+    read -r _ train val < <(summary "$mode")
+    [ -z "$base" ] && base=$val
+    rel=$(awk -v a="$val" -v b="$base" 'BEGIN { printf "%+.2f%%", 100 * (a - b) / b }')
+    printf "| %-8s | %-26s | %-14s | %-16s |\n" "$mode" "$train" "$val" "$rel"
+done
