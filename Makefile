@@ -25,7 +25,7 @@ NVCC_LDLIBS = -lcublasLt -lcublas -lgomp -lpthread
 CPU_BINS = train_gpt2cpu test_gpt2cpu test_zenflow test_cpu_adam
 TSAN_BINS = test_cpu_adam_tsan test_zenflow_tsan
 ifneq ($(NVCC_FOUND),)
-CUDA_BINS = train_gpt2cu test_gpt2cu
+CUDA_BINS = train_gpt2cu test_gpt2cu cuda_dev
 else
 CUDA_BINS =
 $(info nvcc not found: skipping train_gpt2cu and test_gpt2cu (install the CUDA toolkit to build them))
@@ -33,7 +33,7 @@ endif
 
 HEADERS = $(wildcard llmc/*.h) cpu_adam.h zenflow.h
 
-.PHONY: all test run data deps refs clean bench
+.PHONY: all test run data deps refs clean bench cuda_dev
 all: $(CPU_BINS) $(CUDA_BINS)
 
 cpu_adam.o: cpu_adam.cpp cpu_adam.h
@@ -70,6 +70,10 @@ train_gpt2cu: train_gpt2.cu cpu_adam.o $(HEADERS) $(wildcard llmc/*.cuh)
 test_gpt2cu: test_gpt2.cu train_gpt2.cu cpu_adam.o $(HEADERS) $(wildcard llmc/*.cuh)
 	$(NVCC) $(NVCCFLAGS) $< cpu_adam.o -o $@ $(NVCC_LDLIBS)
 
+# dev/cuda: one validation + benchmark program per kernel family (built into build/cuda)
+cuda_dev:
+	$(MAKE) -s -C dev/cuda ARCH="$(CUDA_ARCH)"
+
 deps:
 	@bash scripts/install_deps.sh
 
@@ -95,4 +99,4 @@ bench: deps bench_cpu_adam
 
 clean:
 	rm -f $(CPU_BINS) $(TSAN_BINS) bench_cpu_adam train_gpt2cu test_gpt2cu *.o
-	rm -rf $(REF_DIR)
+	rm -rf $(REF_DIR) build/cuda

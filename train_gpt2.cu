@@ -538,15 +538,15 @@ int main(int argc, char* argv[]) {
         const char* flag = argv[i];
         if (strcmp(flag, "-h") == 0) { usage(); return 0; }
         size_t len = strlen(flag);
-        if (flag[0] != '-' || len < 2 || len > 3 || (len == 3 && flag[1] != 'z')) {
+        if (flag[0] != '-' || len < 2 || len > 3 || (len == 3 && flag[1] != 'z' && flag[1] != 't')) {
             zf_fail("unknown argument '%s' (hint: -h lists the flags)", flag);
         }
         if (i + 1 >= argc) { zf_fail("flag %s needs a value", flag); }
         const char* val = argv[i + 1];
-        if (len == 3) {  // ZenFlow's flags, -z<letter>, as in the CPU trainer
-            if (flag[2] != 'o') {
-                zf_fail("flag %s: ZenFlow is not implemented yet in the CUDA trainer (issue 5) (hint: "
-                        "the CPU trainer has it)", flag);
+        if (len == 3) {  // the CPU trainer's -z<letter> (ZenFlow) and -t<letter> (trace) flags
+            if (strcmp(flag, "-zo") != 0) {
+                zf_fail("flag %s: not implemented yet in the CUDA trainer (ZenFlow and its trace come "
+                        "with issue 5) (hint: the CPU trainer has it)", flag);
             }
             if (strcmp(val, "offload") == 0 || strcmp(val, "zenflow") == 0) {
                 zf_fail("flag -zo: '%s' is not implemented yet in the CUDA trainer (issue 5) (hint: -zo "

@@ -97,7 +97,7 @@ typedef struct {
     void (*params_to_host)(void* ctx, const struct ZenFlow* zf, float* host);
     // packed CPU-owned parameter columns from the host into the working copy ("apply")
     void (*params_from_host)(void* ctx, const struct ZenFlow* zf, const float* host);
-    // the GPU's moments of its selected columns (the matrix part of its packed m, v)
+    // all of the GPU's moments (its packed m, v: vectors, then selected columns), and back
     void (*moments_to_host)(void* ctx, const struct ZenFlow* zf, float* m, float* v);
     void (*moments_from_host)(void* ctx, const struct ZenFlow* zf, const float* m, const float* v);
 } ZfBackend;
@@ -132,10 +132,12 @@ typedef struct ZenFlow {
     float* grad_stage;    // (cpu_capacity) this step's CPU-owned gradient, from the device
     int window_count;     // n: steps in the open window
     ZfUpdater* updater;
-    long pending_ticket;  // the window job whose result is not applied yet, -1 if none
+    int pending;          // a window's CPU result waits to be applied (overlap on)
+    long pending_ticket;  // its updater job, or -1 once it has finished
     ZfWindowJob job;
     int last_select_step;
-    // scratch for migration: moments in the new CPU layout, GPU moments before / after
+    // scratch for migration and checkpoints: moments in the new CPU layout, and all GPU
+    // moments before / after (vector_elems + gpu_capacity each)
     float *m_new, *v_new, *gpu_m_old, *gpu_v_old, *gpu_m_new, *gpu_v_new;
     // reporting
     int moved_columns;        // columns that changed owner at the last selection
@@ -203,7 +205,7 @@ static inline void zf_init(ZenFlow* zf, ZfConfig cfg, const GPT2Config* model, Z
         zf->gpu_capacity += (size_t)n_sel * mat->rows;
         zf->cpu_capacity += (size_t)(cpu_owns_all ? mat->cols : mat->cols - n_sel) * mat->rows;
     }
-    size_t c = zf->cpu_capacity, g = zf->gpu_capacity;
+    size_t c = zf->cpu_capacity, g = zf->vector_elems + zf->gpu_capacity;
     zf->master = (float*)calloc_check(c, sizeof(float));
     zf->m = (float*)calloc_check(c, sizeof(float));
     zf->v = (float*)calloc_check(c, sizeof(float));
@@ -251,6 +253,10 @@ static inline void zf_start_warmup(ZenFlow* zf) {
 static int zf_window_update(void* arg) {
     ZfWindowJob* job = (ZfWindowJob*)arg;
     ZenFlow* zf = job->zf;
+    // debug switch for the failure tests: ZF_FAIL_AT_STEP=<s> makes the update of the window
+    // closed at step s (1-based) fail, as a real error in the CPU side would
+    const char* fail_at = getenv("ZF_FAIL_AT_STEP");
+    if (fail_at != NULL && atoi(fail_at) == job->step) { return 7; }
     double t0 = zf_now_ms();
     // spec 4.6: G = A / n, then AdamW on every CPU-owned element (all are matrix elements)
     zf_cpu_adam_step_mean(zf->master, zf->m, zf->v, job->acc, job->count, zf->cpu_elems,
@@ -259,18 +265,28 @@ static int zf_window_update(void* arg) {
     return 0;
 }
 
-// waits for the window job in flight (if any) and applies its result to the working copy
-static inline void zf_wait_and_apply(ZenFlow* zf) {
+// waits for the window job in flight (if any) to finish, without applying its result
+static inline void zf_wait(ZenFlow* zf) {
     if (zf->pending_ticket < 0) { return; }
     double t0 = zf_now_ms();
     int status = zf_updater_wait(zf->updater, zf->pending_ticket);
-    if (status != 0) { zf_fail("the CPU updater failed with code %d", status); }
-    double t1 = zf_now_ms();
-    trace_event(TRACE_WAIT, "wait for CPU", t0, t1);
+    if (status != 0) {
+        zf_fail("the CPU updater failed with code %d (the window update handed over at step %d)",
+                status, zf->job.step);
+    }
+    trace_event(TRACE_WAIT, "wait for CPU", t0, zf_now_ms());
     zf_updater_busy_ms(zf->updater, &zf->cpu_update_ms);
-    zf->backend.params_from_host(zf->backend.ctx, zf, zf->master);
-    trace_event(TRACE_H2D, "apply", t1, zf_now_ms());
     zf->pending_ticket = -1;
+}
+
+// waits for the pending window (if any) and applies its result to the working copy
+static inline void zf_wait_and_apply(ZenFlow* zf) {
+    if (!zf->pending) { return; }
+    zf_wait(zf);
+    double t0 = zf_now_ms();
+    zf->backend.params_from_host(zf->backend.ctx, zf, zf->master);
+    trace_event(TRACE_H2D, "apply", t0, zf_now_ms());
+    zf->pending = 0;
 }
 
 // spec 4.7: before the end of training, a checkpoint, or an evaluation of final weights
@@ -337,7 +353,7 @@ static inline void zf_select(ZenFlow* zf, int t) {
         for (int r = 0; r < mat->cols; r++) {
             int j = old_order[i][r];
             if (r < old_n_sel[i]) {
-                size_t at = old_gpu_offset[i] + (size_t)r * R;
+                size_t at = zf->vector_elems + old_gpu_offset[i] + (size_t)r * R;
                 old_m[j] = zf->gpu_m_old + at;
                 old_v[j] = zf->gpu_v_old + at;
                 was_gpu[j] = 1;
@@ -351,8 +367,8 @@ static inline void zf_select(ZenFlow* zf, int t) {
             int j = mat->cols_by_owner[r];
             float *dst_m, *dst_v;
             if (r < mat->n_sel) {
-                dst_m = zf->gpu_m_new + mat->gpu_offset + (size_t)r * R;
-                dst_v = zf->gpu_v_new + mat->gpu_offset + (size_t)r * R;
+                dst_m = zf->gpu_m_new + zf->vector_elems + mat->gpu_offset + (size_t)r * R;
+                dst_v = zf->gpu_v_new + zf->vector_elems + mat->gpu_offset + (size_t)r * R;
                 zf->moved_columns += !was_gpu[j];
             } else {
                 dst_m = zf->m_new + mat->cpu_offset + (size_t)(r - mat->n_sel) * R;
@@ -367,6 +383,9 @@ static inline void zf_select(ZenFlow* zf, int t) {
     } else {
         std::swap(zf->m, zf->m_new);
         std::swap(zf->v, zf->v_new);
+        // the vectors' moments stay where they are
+        memcpy(zf->gpu_m_new, zf->gpu_m_old, zf->vector_elems * sizeof(float));
+        memcpy(zf->gpu_v_new, zf->gpu_v_old, zf->vector_elems * sizeof(float));
     }
     be->selection_changed(be->ctx, zf);
     be->moments_from_host(be->ctx, zf, zf->gpu_m_new, zf->gpu_v_new);
@@ -426,7 +445,8 @@ static inline void zf_step(ZenFlow* zf, int t, ZfAdamHyper hyper) {
         // synchronous: update now, apply before the next forward
         ZfWindowJob job = {zf, zf->acc, zf->window_count, s, cpu_hyper};
         double t3 = zf_now_ms();
-        zf_window_update(&job);
+        int status = zf_window_update(&job);
+        if (status != 0) { zf_fail("step %d: the CPU update failed with code %d", s, status); }
         double t4 = zf_now_ms();
         zf->cpu_update_ms = t4 - t3;
         trace_event(TRACE_WAIT, "wait for CPU (synchronous)", t3, t4);
@@ -438,9 +458,87 @@ static inline void zf_step(ZenFlow* zf, int t, ZfAdamHyper hyper) {
         std::swap(zf->acc, zf->acc_job);  // freeze this window's A for the job
         zf->job = ZfWindowJob{zf, zf->acc_job, zf->window_count, s, cpu_hyper};
         zf->pending_ticket = zf_updater_submit(zf->updater, zf_window_update, &zf->job);
+        zf->pending = 1;
     }
     memset(zf->acc, 0, zf->cpu_elems * sizeof(float));  // A = 0, n = 0
     zf->window_count = 0;
+}
+
+// ----------------------------------------------------------------------------
+// checkpoints: everything ZenFlow needs to continue bit for bit (issue 7). A window job
+// still running is waited for but NOT applied: applying early would change when the update
+// lands, and so the trajectory. Its result is saved as the master, with `pending` set.
+
+static inline void zf_save_state(ZenFlow* zf, FILE* fp, const char* path) {
+    zf_wait(zf);
+    const ZfBackend* be = &zf->backend;
+    be->moments_to_host(be->ctx, zf, zf->gpu_m_old, zf->gpu_v_old);
+    int ints[8] = {(int)zf->cfg.mode, zf->cfg.update_interval, zf->cfg.select_interval,
+                   zf->cfg.warmup, zf->cfg.overlap, zf->window_count, zf->pending,
+                   zf->last_select_step};
+    int more[3] = {zf->num_selections, zf->moved_columns, zf->num_matrices};
+    fwrite_check(&zf->cfg.topk, sizeof(double), 1, fp, path);
+    fwrite_check(ints, sizeof(int), 8, fp, path);
+    fwrite_check(more, sizeof(int), 3, fp, path);
+    for (int i = 0; i < zf->num_matrices; i++) {
+        const ZfMatrix* mat = &zf->matrices[i];
+        fwrite_check(&mat->n_sel, sizeof(int), 1, fp, path);
+        fwrite_check(mat->cols_by_owner, sizeof(int), mat->cols, fp, path);
+    }
+    size_t g = zf->vector_elems + zf->gpu_sel_elems, c = zf->cpu_elems;
+    const float* arrays[6] = {zf->gpu_m_old, zf->gpu_v_old, zf->master, zf->m, zf->v, zf->acc};
+    size_t counts[6] = {g, g, c, c, c, c};
+    for (int i = 0; i < 6; i++) { fwrite_check(arrays[i], sizeof(float), counts[i], fp, path); }
+}
+
+// restores what zf_save_state wrote into a ZenFlow set up with zf_init for the same model;
+// the settings must be the ones the checkpoint was written with
+static inline void zf_load_state(ZenFlow* zf, FILE* fp, const char* path) {
+    double topk;
+    int ints[8], more[3];
+    fread_check(&topk, sizeof(double), 1, fp, path);
+    fread_check(ints, sizeof(int), 8, fp, path);
+    fread_check(more, sizeof(int), 3, fp, path);
+    const ZfConfig* c = &zf->cfg;
+    if (topk != c->topk || ints[0] != (int)c->mode || ints[1] != c->update_interval ||
+        ints[2] != c->select_interval || ints[3] != c->warmup || ints[4] != c->overlap) {
+        zf_fail("%s: written with -zo %s -zk %g -zu %d -zs %d -zw %d -zv %d, but this run uses "
+                "-zo %s -zk %g -zu %d -zs %d -zw %d -zv %d (hint: resume with the same flags)",
+                path, zf_mode_names[ints[0] % 3], topk, ints[1], ints[2], ints[3], ints[4],
+                zf_mode_names[c->mode], c->topk, c->update_interval, c->select_interval,
+                c->warmup, c->overlap);
+    }
+    if (more[2] != zf->num_matrices) { zf_fail("%s: written for another model", path); }
+    zf->window_count = ints[5];
+    zf->pending = ints[6];
+    zf->pending_ticket = -1;
+    zf->last_select_step = ints[7];
+    zf->num_selections = more[0];
+    zf->moved_columns = more[1];
+    for (int i = 0; i < zf->num_matrices; i++) {
+        ZfMatrix* mat = &zf->matrices[i];
+        fread_check(&mat->n_sel, sizeof(int), 1, fp, path);
+        fread_check(mat->cols_by_owner, sizeof(int), mat->cols, fp, path);
+        std::vector<char> seen(mat->cols, 0);
+        for (int j = 0; j < mat->cols; j++) {
+            int col = mat->cols_by_owner[j];
+            if (col < 0 || col >= mat->cols || seen[col]) { zf_fail("%s: corrupt selection", path); }
+            seen[col] = 1;
+        }
+        if (mat->n_sel < 0 || mat->n_sel > mat->cols) { zf_fail("%s: corrupt selection", path); }
+    }
+    zf_layout(zf);
+    if (zf->cpu_elems > zf->cpu_capacity ||
+        zf->gpu_sel_elems > zf->gpu_capacity) {
+        zf_fail("%s: its ownership does not fit this run's buffers (corrupt file?)", path);
+    }
+    size_t g = zf->vector_elems + zf->gpu_sel_elems, n = zf->cpu_elems;
+    float* arrays[6] = {zf->gpu_m_new, zf->gpu_v_new, zf->master, zf->m, zf->v, zf->acc};
+    size_t counts[6] = {g, g, n, n, n, n};
+    for (int i = 0; i < 6; i++) { fread_check(arrays[i], sizeof(float), counts[i], fp, path); }
+    const ZfBackend* be = &zf->backend;
+    be->selection_changed(be->ctx, zf);
+    be->moments_from_host(be->ctx, zf, zf->gpu_m_new, zf->gpu_v_new);
 }
 
 static inline void zf_free(ZenFlow* zf) {

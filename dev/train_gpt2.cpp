@@ -19,6 +19,8 @@ orchestration (zenflow_cpu.h) or, for plain AdamW, to cpu_adam.cpp.
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
+#include <signal.h>
 #include <sys/stat.h>
 
 #include "../cpu_adam.h"
@@ -753,14 +755,14 @@ static void cpu_params_from_host(void* ctx, const ZenFlow* zf, const float* host
 
 static void cpu_moments_to_host(void* ctx, const ZenFlow* zf, float* m, float* v) {
     CpuDevice* dev = (CpuDevice*)ctx;
-    memcpy(m, dev->gpu_m + zf->vector_elems, zf->gpu_sel_elems * sizeof(float));
-    memcpy(v, dev->gpu_v + zf->vector_elems, zf->gpu_sel_elems * sizeof(float));
+    memcpy(m, dev->gpu_m, (zf->vector_elems + zf->gpu_sel_elems) * sizeof(float));
+    memcpy(v, dev->gpu_v, (zf->vector_elems + zf->gpu_sel_elems) * sizeof(float));
 }
 
 static void cpu_moments_from_host(void* ctx, const ZenFlow* zf, const float* m, const float* v) {
     CpuDevice* dev = (CpuDevice*)ctx;
-    memcpy(dev->gpu_m + zf->vector_elems, m, zf->gpu_sel_elems * sizeof(float));
-    memcpy(dev->gpu_v + zf->vector_elems, v, zf->gpu_sel_elems * sizeof(float));
+    memcpy(dev->gpu_m, m, (zf->vector_elems + zf->gpu_sel_elems) * sizeof(float));
+    memcpy(dev->gpu_v, v, (zf->vector_elems + zf->gpu_sel_elems) * sizeof(float));
 }
 
 // ZenFlow over the CPU trainer's model; free with zenflow_cpu_free
@@ -822,6 +824,105 @@ void scores_write(FILE* fp, ZenFlow* zf, int step) {
 }
 
 // ----------------------------------------------------------------------------
+// checkpoints (-n, -y): the model file (llm.c-compatible, the working copy) plus a state file
+// with everything else a run needs to continue bit for bit: step, data position, sampling
+// RNG, and ZenFlow's state (zf_save_state). Both are written to a temporary name, synced
+// and renamed, model first, so a kill at any moment leaves the previous checkpoint intact.
+
+#define STATE_MAGIC 20241130
+#define STATE_VERSION 1
+
+void write_checkpoint(const char* dir, int step, const GPT2* model, ZenFlow* zf,
+                      const DataLoader* loader, uint64_t rng) {
+    char path[4096], tmp[4200];
+    snprintf(path, sizeof(path), "%s/model_%08d.bin", dir, step);
+    gpt2_write_model(path, &model->config, model->params_memory);
+    snprintf(path, sizeof(path), "%s/state_%08d.bin", dir, step);
+    FILE* fp = zf_atomic_open(path, tmp, sizeof(tmp));
+    int header[256] = {0};
+    header[0] = STATE_MAGIC;
+    header[1] = STATE_VERSION;
+    header[2] = step;
+    header[3] = loader->B;
+    header[4] = loader->T;
+    header[5] = (int)loader->shard_index;
+    fwrite_check(header, sizeof(int), 256, fp, tmp);
+    uint64_t words[2] = {(uint64_t)loader->position, rng};
+    fwrite_check(words, sizeof(uint64_t), 2, fp, tmp);
+    zf_save_state(zf, fp, tmp);
+    zf_atomic_commit(fp, tmp, path);
+    printf("wrote checkpoint %s/{model,state}_%08d.bin\n", dir, step);
+}
+
+// the step of the newest complete checkpoint in dir (state and model file), or -1
+int newest_checkpoint(const char* dir) {
+    DIR* d = opendir(dir);
+    if (d == NULL) { return -1; }
+    int best = -1;
+    struct dirent* e;
+    while ((e = readdir(d)) != NULL) {
+        int step;
+        char tail;
+        if (sscanf(e->d_name, "state_%8d.bi%c", &step, &tail) == 2 && tail == 'n' &&
+            strlen(e->d_name) == 18 && step > best) {
+            char model_path[4096];
+            snprintf(model_path, sizeof(model_path), "%s/model_%08d.bin", dir, step);
+            if (zf_file_size(model_path) > 0) { best = step; }
+        }
+    }
+    closedir(d);
+    return best;
+}
+
+// restores what write_checkpoint wrote (the model was already built from its model file)
+void read_checkpoint_state(const char* dir, int step, ZenFlow* zf, DataLoader* loader,
+                           uint64_t* rng) {
+    char path[4096];
+    snprintf(path, sizeof(path), "%s/state_%08d.bin", dir, step);
+    FILE* fp = fopen_check(path, "rb");
+    int header[256];
+    fread_check(header, sizeof(int), 256, fp, path);
+    if (header[0] != STATE_MAGIC || header[1] != STATE_VERSION) {
+        zf_fail("%s: not a training state file (magic %d version %d)", path, header[0], header[1]);
+    }
+    if (header[2] != step || header[3] != loader->B || header[4] != loader->T) {
+        zf_fail("%s: written with B=%d T=%d, this run has B=%d T=%d (hint: resume with the same "
+                "-b and -t)", path, header[3], header[4], loader->B, loader->T);
+    }
+    uint64_t words[2];
+    fread_check(words, sizeof(uint64_t), 2, fp, path);
+    if (header[5] < 0 || (size_t)header[5] >= loader->glob_result.gl_pathc) {
+        zf_fail("%s: data position refers to shard %d, but -i matches %zu shards", path,
+                header[5], loader->glob_result.gl_pathc);
+    }
+    dataloader_load_shard(loader, (size_t)header[5]);
+    if (words[0] + (size_t)loader->B * loader->T + 1 > loader->num_tokens) {
+        zf_fail("%s: data position %llu is past the shard's end", path, (unsigned long long)words[0]);
+    }
+    loader->position = (size_t)words[0];
+    *rng = words[1];
+    zf_load_state(zf, fp, path);
+    if (fgetc(fp) != EOF) { zf_fail("%s: trailing bytes (corrupt file?)", path); }
+    fclose(fp);
+}
+
+// the first parameter tensor that holds a nan or inf, for the error message
+const char* first_nonfinite_tensor(const GPT2* model) {
+    size_t sizes[NUM_PARAMETER_TENSORS], offset = 0;
+    gpt2_param_sizes(&model->config, sizes);
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+        for (size_t j = 0; j < sizes[i]; j++) {
+            if (!isfinite(model->params_memory[offset + j])) { return gpt2_tensor_names[i]; }
+        }
+        offset += sizes[i];
+    }
+    return NULL;
+}
+
+static volatile sig_atomic_t g_interrupted = 0;
+static void on_sigint(int) { g_interrupted = 1; }
+
+// ----------------------------------------------------------------------------
 // sampling
 
 // index drawn from the probabilities (sum to 1) with a uniform coin in [0, 1)
@@ -875,7 +976,8 @@ static void usage(void) {
             "  -m <int>    val batches (default 20)\n"
             "  -s <int>    sample every this many steps, 0 = never (default 20)\n"
             "  -g <int>    tokens to generate (default 64)\n"
-            "  -n <int>    write a checkpoint every this many steps, 0 = never (default 0)\n"
+            "  -n <int>    write a checkpoint (model + state) into -o every this many steps, 0 = never\n"
+            "  -y <0|1>    resume from the newest checkpoint in -o (default 0)\n"
             "  -r <int>    random seed for init and sampling (default 1337)\n"
             "ZenFlow (docs/zenflow_spec.md):\n"
             "  -zo <string> optimizer mode: adamw | offload | zenflow (default zenflow)\n"
@@ -901,7 +1003,7 @@ int main(int argc, char* argv[]) {
     const char* tokenizer_path = "data/gpt2_tokenizer.bin";
     const char* output_dir = NULL;
     int B = 4, T = 64, steps = 20, val_every = 20, val_batches = 20, sample_every = 20;
-    int gen_tokens = 64, checkpoint_every = 0;
+    int gen_tokens = 64, checkpoint_every = 0, resume = 0;
     float lr = 3e-4f, weight_decay = 0.0f;
     long seed = 1337;
     ZfConfig zcfg = zf_default_config();
@@ -963,11 +1065,23 @@ int main(int argc, char* argv[]) {
             case 'g': gen_tokens = (int)zf_parse_int(flag, val, 1, 1 << 20); break;
             case 'n': checkpoint_every = (int)zf_parse_int(flag, val, 0, 1 << 30); break;
             case 'r': seed = zf_parse_int(flag, val, 0, 1L << 62); break;
+            case 'y': resume = (int)zf_parse_int(flag, val, 0, 1); break;
             default: zf_fail("unknown flag %s (hint: -h lists the flags)", flag);
         }
     }
     if (checkpoint_every > 0 && output_dir == NULL) {
         zf_fail("flag -n: checkpoints need an output directory (hint: add -o <dir>)");
+    }
+    if (resume && output_dir == NULL) {
+        zf_fail("flag -y: resuming needs the output directory of the run (hint: add -o <dir>)");
+    }
+    int start_step = resume ? newest_checkpoint(output_dir) : -1;
+    char resume_model[4096];
+    if (start_step >= 0) {  // the model comes from the checkpoint, not from -e
+        snprintf(resume_model, sizeof(resume_model), "%s/model_%08d.bin", output_dir, start_step);
+        model_spec = resume_model;
+    } else if (resume) {
+        printf("no checkpoint in %s yet: starting from scratch\n", output_dir);
     }
 
     GPT2 model;
@@ -995,7 +1109,7 @@ int main(int argc, char* argv[]) {
         }
         char path[4096];
         snprintf(path, sizeof(path), "%s/main.log", output_dir);
-        logfile = fopen_check(path, "w");
+        logfile = fopen_check(path, start_step >= 0 ? "a" : "w");
     }
 
     ZenFlow zf;
@@ -1012,11 +1126,29 @@ int main(int argc, char* argv[]) {
     if (trace_path != NULL) { trace_open(trace_path, trace_first, trace_first + trace_steps - 1); }
     FILE* scores_file = scores_path != NULL ? scores_open(scores_path, &zf) : NULL;
     uint64_t rng = (uint64_t)seed * 0x9E3779B97F4A7C15ull + 7;
+    if (start_step >= 0) {
+        read_checkpoint_state(output_dir, start_step, &zf, &train_loader, &rng);
+        printf("resumed from the checkpoint of step %d in %s\n", start_step, output_dir);
+    }
+    signal(SIGINT, on_sigint);
 
-    for (int step = 0; step <= steps; step++) {
+    for (int step = start_step >= 0 ? start_step : 0; step <= steps; step++) {
         int last = step == steps;
+        if (g_interrupted) {
+            if (checkpoint_every > 0) {
+                write_checkpoint(output_dir, step, &model, &zf, &train_loader, rng);
+            } else {
+                zf_wait(&zf);
+            }
+            fprintf(stderr, "error: interrupted (SIGINT) before step %d%s\n", step + 1,
+                    checkpoint_every > 0 ? "; resume with -y 1" : "");
+            exit(130);
+        }
         if (last) { zf_drain(&zf); }  // spec 4.7: what follows must see the final weights
-        if (val_every > 0 && (step % val_every == 0 || last)) {
+        // a resumed run continues with the step after its checkpoint: the evaluation,
+        // sample and checkpoint of this step happened before it was written
+        int fresh = step != start_step;
+        if (fresh && val_every > 0 && (step % val_every == 0 || last)) {
             dataloader_reset(&val_loader);
             float val_loss = 0.0f;
             for (int i = 0; i < val_batches; i++) {
@@ -1028,15 +1160,12 @@ int main(int argc, char* argv[]) {
             printf("step %d/%d | val loss %f\n", step, steps, val_loss);
             if (logfile) { fprintf(logfile, "s:%d tel:%f\n", step, val_loss); fflush(logfile); }
         }
-        if (sample_every > 0 && step > 0 && (step % sample_every == 0 || last)) {
+        if (fresh && sample_every > 0 && step > 0 && (step % sample_every == 0 || last)) {
             gpt2_sample(&model, &tokenizer, tokenizer.init_ok ? tokenizer.eot_token : cfg->vocab_size - 1,
                         gen_tokens, &rng);
         }
-        if (checkpoint_every > 0 && step > 0 && (step % checkpoint_every == 0 || last)) {
-            char path[4096];
-            snprintf(path, sizeof(path), "%s/model_%08d.bin", output_dir, step);
-            gpt2_write_model(path, cfg, model.params_memory);
-            printf("wrote %s\n", path);
+        if (fresh && checkpoint_every > 0 && step > 0 && (step % checkpoint_every == 0 || last)) {
+            write_checkpoint(output_dir, step, &model, &zf, &train_loader, rng);
         }
         if (last) { break; }
 
@@ -1044,6 +1173,12 @@ int main(int argc, char* argv[]) {
         double t0 = zf_now_ms();
         dataloader_next_batch(&train_loader);
         gpt2_forward(&model, train_loader.inputs, train_loader.targets, B, T);
+        if (!isfinite(model.mean_loss)) {
+            const char* bad = first_nonfinite_tensor(&model);
+            zf_fail("step %d: the loss is %f; %s%s (hint: lower the learning rate -l)", step + 1,
+                    model.mean_loss, bad ? "first non-finite parameter tensor: " : "all parameters are finite, the forward pass overflowed",
+                    bad ? bad : "");
+        }
         double t1 = zf_now_ms();
         trace_event(TRACE_COMPUTE, "forward", t0, t1);
         gpt2_zero_grad(&model);

@@ -58,14 +58,21 @@ run_test cpu_adam_tsan ./test_cpu_adam_tsan
 run_test zenflow_tsan ./test_zenflow_tsan dev/test/ref/zf_a
 run_test bad_input_cpu "$PYTHON" scripts/test_bad_input.py ./train_gpt2cpu
 
+run_test resume "$PYTHON" scripts/test_resume.py ./train_gpt2cpu dev/test/ref/tiny --kills 6
+# the CUDA trainer's call sequence (cuBLASLt layouts, offsets, buffer reuse), emulated in numpy
+run_test cuda_emulation "$PYTHON" dev/cuda/emulate_trainer.py
+
 if [ -x ./test_gpt2cu ]; then
     # without a GPU the binary itself reports SKIPPED with the CUDA runtime's reason
     run_test test_gpt2cu ./test_gpt2cu $REFS
-    if [ -d dev/cuda ] && [ -f dev/cuda/Makefile ]; then
+    if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
         run_test dev_cuda make -s -C dev/cuda run
+    else
+        skip_test dev_cuda "no CUDA device (the programs were compiled by make; they run in scripts/gpu_check.sh)"
     fi
 else
     skip_test test_gpt2cu "nvcc not found, CUDA trainer not built (install the CUDA toolkit)"
+    skip_test dev_cuda "nvcc not found"
 fi
 
 echo
