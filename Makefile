@@ -24,6 +24,7 @@ NVCC_LDLIBS = -lcublasLt -lcublas -lgomp -lpthread
 
 CPU_BINS = train_gpt2cpu test_gpt2cpu test_zenflow test_cpu_adam
 TSAN_BINS = test_cpu_adam_tsan test_zenflow_tsan
+ASAN_BINS = test_gpt2cpu_asan test_zenflow_asan train_gpt2cpu_asan
 ifneq ($(NVCC_FOUND),)
 CUDA_BINS = train_gpt2cu test_gpt2cu cuda_dev
 else
@@ -33,7 +34,7 @@ endif
 
 HEADERS = $(wildcard llmc/*.h) cpu_adam.h zenflow.h
 
-.PHONY: all test run data deps refs clean bench cuda_dev
+.PHONY: all test run data deps refs clean bench cuda_dev fuzz
 all: $(CPU_BINS) $(CUDA_BINS)
 
 cpu_adam.o: cpu_adam.cpp cpu_adam.h
@@ -74,6 +75,29 @@ test_gpt2cu: test_gpt2.cu train_gpt2.cu cpu_adam.o $(HEADERS) $(wildcard llmc/*.
 cuda_dev:
 	$(MAKE) -s -C dev/cuda ARCH="$(CUDA_ARCH)"
 
+# AddressSanitizer + UndefinedBehaviorSanitizer builds of the CPU programs (make test runs
+# the tests and the bad-input checks with them)
+ASAN_FLAGS = -std=c++17 -O1 -g -fopenmp -ffp-contract=off -fsanitize=address,undefined \
+             -fno-sanitize-recover=undefined -fno-omit-frame-pointer -Wall -Wno-unused-function
+%_asan: dev/%.cpp dev/train_gpt2.cpp cpu_adam.cpp $(HEADERS)
+	$(CXX) $(ASAN_FLAGS) $< cpu_adam.cpp -o $@ $(LDLIBS)
+test_gpt2cpu_asan: dev/test_gpt2.cpp dev/train_gpt2.cpp cpu_adam.cpp $(HEADERS)
+	$(CXX) $(ASAN_FLAGS) $< cpu_adam.cpp -o $@ $(LDLIBS)
+train_gpt2cpu_asan: dev/train_gpt2.cpp cpu_adam.cpp $(HEADERS)
+	$(CXX) $(ASAN_FLAGS) $< cpu_adam.cpp -o $@ $(LDLIBS)
+
+# libFuzzer targets for the file readers (clang), run for a bounded time by `make fuzz`
+CLANGXX ?= clang++
+FUZZ_FLAGS = -std=c++17 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
+             -ffp-contract=off -Wno-unknown-pragmas
+FUZZ_BINS = $(addprefix build/fuzz/fuzz_,model shard tokenizer checkpoint)
+build/fuzz/fuzz_%: dev/fuzz/fuzz_%.cpp dev/fuzz/fuzz_common.h $(HEADERS) dev/train_gpt2.cpp cpu_adam.cpp
+	@mkdir -p build/fuzz
+	$(CLANGXX) $(FUZZ_FLAGS) $< cpu_adam.cpp -o $@ -lpthread -lm
+FUZZ_SECONDS ?= 15
+fuzz: train_gpt2cpu $(FUZZ_BINS)
+	bash dev/fuzz/run_fuzzers.sh $(FUZZ_SECONDS)
+
 deps:
 	@bash scripts/install_deps.sh
 
@@ -87,7 +111,7 @@ $(REF_DIR)/.stamp: scripts/make_test_refs.sh scripts/gpt2_reference.py scripts/z
 	bash scripts/make_test_refs.sh $(REF_DIR)
 	touch $@
 
-test: deps all $(TSAN_BINS) refs
+test: deps all $(TSAN_BINS) $(ASAN_BINS) $(FUZZ_BINS) refs
 	@bash scripts/run_tests.sh
 
 run: deps data all
@@ -98,5 +122,5 @@ bench: deps bench_cpu_adam
 	$(PYTHON) scripts/bench_cpu_adam.py --bin ./bench_cpu_adam
 
 clean:
-	rm -f $(CPU_BINS) $(TSAN_BINS) bench_cpu_adam train_gpt2cu test_gpt2cu *.o
-	rm -rf $(REF_DIR) build/cuda
+	rm -f $(CPU_BINS) $(TSAN_BINS) $(ASAN_BINS) bench_cpu_adam train_gpt2cu test_gpt2cu *.o
+	rm -rf $(REF_DIR) build/cuda build/fuzz

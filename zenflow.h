@@ -504,11 +504,15 @@ static inline void zf_load_state(ZenFlow* zf, FILE* fp, const char* path) {
         ints[2] != c->select_interval || ints[3] != c->warmup || ints[4] != c->overlap) {
         zf_fail("%s: written with -zo %s -zk %g -zu %d -zs %d -zw %d -zv %d, but this run uses "
                 "-zo %s -zk %g -zu %d -zs %d -zw %d -zv %d (hint: resume with the same flags)",
-                path, zf_mode_names[ints[0] % 3], topk, ints[1], ints[2], ints[3], ints[4],
+                path, ints[0] >= 0 && ints[0] < 3 ? zf_mode_names[ints[0]] : "?", topk, ints[1], ints[2], ints[3], ints[4],
                 zf_mode_names[c->mode], c->topk, c->update_interval, c->select_interval,
                 c->warmup, c->overlap);
     }
     if (more[2] != zf->num_matrices) { zf_fail("%s: written for another model", path); }
+    if (ints[5] < 0 || ints[5] >= c->update_interval || (ints[6] != 0 && ints[6] != 1) ||
+        (ints[6] == 1 && !c->overlap) || more[0] < 0) {
+        zf_fail("%s: corrupt window state (n=%d, pending=%d)", path, ints[5], ints[6]);
+    }
     zf->window_count = ints[5];
     zf->pending = ints[6];
     zf->pending_ticket = -1;

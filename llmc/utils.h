@@ -9,6 +9,7 @@ can name the caller's file and line when the problem is ours rather than the use
 #define LLMC_UTILS_H
 
 #include <errno.h>
+#include <setjmp.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -21,6 +22,9 @@ can name the caller's file and line when the problem is ours rather than the use
 // ----------------------------------------------------------------------------
 // fatal errors: one line, non-zero exit
 
+// Fuzzers (dev/fuzz) point this at a jmp_buf to get control back instead of an exit.
+static jmp_buf* zf_fail_jump = NULL;
+
 [[noreturn]] static inline void zf_fail(const char* fmt, ...) {
     va_list args;
     va_start(args, fmt);
@@ -29,6 +33,7 @@ can name the caller's file and line when the problem is ours rather than the use
     fprintf(stderr, "\n");
     va_end(args);
     fflush(stdout);
+    if (zf_fail_jump != NULL) { longjmp(*zf_fail_jump, 1); }
     exit(EXIT_FAILURE);
 }
 

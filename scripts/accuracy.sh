@@ -14,16 +14,18 @@ OUT=build/accuracy
 mkdir -p "$OUT"
 make -s train_gpt2cpu data >/dev/null
 COMMON=(-e d4c256h4 -b 4 -t 64 -x "$STEPS" -l 1e-3 -c 0.1 -v "$STEPS" -m 32 -s 0)
-for mode in adamw offload zenflow; do
-    echo "training $mode ($STEPS steps)..." >&2
-    ./train_gpt2cpu "${COMMON[@]}" -zo "$mode" > "$OUT/$mode.log"
-done
+if [ "${SUMMARY_ONLY:-0}" != 1 ]; then
+    for mode in adamw offload zenflow; do
+        echo "training $mode ($STEPS steps)..." >&2
+        ./train_gpt2cpu "${COMMON[@]}" -zo "$mode" > "$OUT/$mode.log"
+    done
+fi
 
 # final val loss: the last "val loss" line; train loss: the mean of the last 20 steps
 summary() {
     awk -v mode="$1" '
-        /\| loss / { split($0, a, "| loss "); split(a[2], b, " "); loss[n++] = b[1] }
-        /val loss/ { val = $NF }
+        index($0, "| loss ") { split($0, a, "[|] loss "); split(a[2], b, " "); loss[n++] = b[1] }
+        index($0, "val loss") { val = $NF }
         END { s = 0; k = 0; for (i = n - 20; i < n; i++) if (i >= 0) { s += loss[i]; k++ }
               printf "%s %.4f %.4f\n", mode, s / k, val }' "$OUT/$1.log"
 }

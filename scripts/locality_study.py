@@ -26,7 +26,8 @@ column scores score_j = sum_o g[o, j]^2 for every matrix, and reports:
       the fresh top-k share of g(t+S) (the best possible) and the random share (k/IC).
       This is what ZenFlow actually gets: the selection is made at step t and used until
       step t+S, so (c) at S = 100 is the share of the gradient the GPU updates promptly at
-      the end of a select interval.
+      the end of a select interval, and the "interval mean" (the mean over ages 0 .. S-1)
+      is the share it updates promptly on average with select interval S.
 
 Outputs: a table on stdout, a CSV (--csv; columns table,kind,x,value,baseline) and a PNG
 (--png) with three panels, one per part.
@@ -182,10 +183,14 @@ def analyse(names, shapes, scores, topk=0.1, intervals=None):
         n = n_of(topk, cols)
         mask = top_masks(sc, n)
         fresh = top_share(sc, n)
+        # the share a selection catches at every age d (d = 0: the step it was made from)
+        by_age = [float(fresh.mean())] + [stale_share(sc, mask, d)
+                                          for d in range(1, max(intervals, default=0))]
         for S in intervals:
             m["overlap"][S] = (overlap(mask, n, S), n / cols)
             fr = float(fresh[S:].mean()) if len(fresh) > S else float("nan")
-            m["stale"][S] = (stale_share(sc, mask, S), fr, n / cols)
+            # mean over one select interval: the selection is used at ages 0 .. S-1
+            m["stale"][S] = (stale_share(sc, mask, S), fr, n / cols, float(np.mean(by_age[:S])))
         per.append(m)
 
     kinds = [k for k in KINDS if any(m["kind"] == k for m in per)]
@@ -202,7 +207,7 @@ def analyse(names, shapes, scores, topk=0.1, intervals=None):
         res["overlap"][kind] = {S: tuple(np.nanmean([m["overlap"][S][i] for m in group])
                                          for i in range(2)) for S in intervals}
         res["stale"][kind] = {S: tuple(np.nanmean([m["stale"][S][i] for m in group])
-                                       for i in range(3)) for S in intervals}
+                                       for i in range(4)) for S in intervals}
     return res
 
 
@@ -238,13 +243,17 @@ def print_report(res, topk, title):
         print(row)
     print()
     print("(c) share of the norm of g(t+S) in the columns of the top-k set chosen at step t"
-          " (stale), vs the best (fresh top-k of g(t+S)) and random, all matrices")
-    head = f"| {'S':>5} | {'stale':>6} | {'fresh':>6} | {'random':>6} | stale/fresh |"
+          " (stale), vs the best (fresh top-k of g(t+S)) and random, all matrices;\n"
+          "    interval mean = the share a selection catches on average over the S steps it"
+          " is used (ages 0 .. S-1), i.e. what select interval S gives")
+    head = (f"| {'S':>5} | {'stale':>6} | {'fresh':>6} | {'random':>6} | stale/fresh |"
+            f" interval mean |")
     print(head)
     print("|" + "|".join("-" * (len(c)) for c in head.split("|")[1:-1]) + "|")
     for S in res["intervals"]:
-        st, fr, rnd = res["stale"]["all"][S]
-        print(f"| {S:>5} | {st:>6.3f} | {fr:>6.3f} | {rnd:>6.3f} | {st / fr:>11.3f} |")
+        st, fr, rnd, iv = res["stale"]["all"][S]
+        print(f"| {S:>5} | {st:>6.3f} | {fr:>6.3f} | {rnd:>6.3f} | {st / fr:>11.3f} |"
+              f" {iv:>13.3f} |")
 
 
 def write_csv(path, res):
@@ -260,9 +269,10 @@ def write_csv(path, res):
                 f.write(f"overlap,{kind},{S},{v:.6f},{r:.6f}\n")
         for kind in res["kinds"]:
             for S in res["intervals"]:
-                st, fr, r = res["stale"][kind][S]
+                st, fr, r, iv = res["stale"][kind][S]
                 f.write(f"stale_share,{kind},{S},{st:.6f},{r:.6f}\n")
                 f.write(f"fresh_share,{kind},{S},{fr:.6f},{r:.6f}\n")
+                f.write(f"interval_share,{kind},{S},{iv:.6f},{r:.6f}\n")
 
 
 def mark_default_s(ax, Ss, ytext):
@@ -334,11 +344,14 @@ def plot(path, res, topk, title):
     ax.plot(Ss, stale, marker="o", markersize=4, color="black", linewidth=2.5,
             label="stale: top-k chosen S steps earlier, at t")
     ax.fill_between(Ss, stale, fresh, color="#2ca02c", alpha=0.12)
+    ax.plot(Ss, [res["stale"]["all"][S][3] for S in Ss], marker="s", markersize=3,
+            color="#1f77b4", linewidth=1.5,
+            label="mean over a select interval of S steps")
     ax.plot(Ss, [res["stale"]["all"][S][2] for S in Ss], "--", color="gray",
             label="random k columns (k/IC)")
     mark_default_s(ax, Ss, 0.6)
     ax.set_ylim(0, 1)
-    ax.set_xlabel("S (age of the selection, steps)")
+    ax.set_xlabel("S: age of the selection (stale), or select interval (mean)")
     ax.set_ylabel("share of g(t+S)'s squared norm in the selected columns")
     ax.set_title("(c) what a selection S steps old still catches (all)")
     ax.legend(fontsize=8, loc="upper right")

@@ -59,18 +59,24 @@ def plot(runs, out, smooth=0, title=None):
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for i, (label, (train, val)) in enumerate(runs):
         c = colors[i % len(colors)]
+        # a run identical to an earlier one (offload and adamw are, bit for bit) would hide
+        # it: say so, and draw it dotted on top
+        same = [l for l, (tr, va) in runs[:i] if tr == train and va == val]
+        style = ":" if same else "-"
+        if same:
+            label += f" (identical to {same[0]})"
         if train:
             xs, ys = zip(*train)
             ax.plot(xs, ys, color=c, linewidth=0.8, alpha=0.35 if smooth else 0.9,
-                    label=f"{label} train" if not smooth else None)
+                    linestyle=style, label=f"{label} train" if not smooth else None)
             if smooth:
                 ax.plot(xs, running_mean(list(ys), smooth), color=c, linewidth=1.8,
-                        label=f"{label} train (mean of {smooth} steps)")
+                        linestyle=style, label=f"{label} train (mean of {smooth} steps)")
         if val:
             xs, ys = zip(*val)
-            ax.plot(xs, ys, color=c, linestyle="--", marker="o", markersize=5,
-                    markeredgecolor="black", markeredgewidth=0.5, linewidth=1,
-                    label=f"{label} val")
+            ax.plot(xs, ys, color=c, linestyle="--" if len(val) > 2 else "none", marker="o",
+                    markersize=6 - 1.5 * len(same), markeredgecolor="black",
+                    markeredgewidth=0.5, linewidth=1, label=f"{label} val")
     ax.set_xlabel("step")
     ax.set_ylabel("cross-entropy loss")
     ax.grid(alpha=0.3)

@@ -58,6 +58,12 @@ run_test cpu_adam_tsan ./test_cpu_adam_tsan
 run_test zenflow_tsan ./test_zenflow_tsan dev/test/ref/zf_a
 run_test bad_input_cpu "$PYTHON" scripts/test_bad_input.py ./train_gpt2cpu
 
+# sanitizers: AddressSanitizer + UndefinedBehaviorSanitizer over the CPU tests and the error
+# paths (which exit early and leak by design, hence no leak check there), then the fuzzers
+run_test asan_test_gpt2cpu ./test_gpt2cpu_asan $REFS
+run_test asan_test_zenflow ./test_zenflow_asan dev/test/ref/zf_a dev/test/ref/zf_b
+run_test asan_bad_input env ASAN_OPTIONS=detect_leaks=0 "$PYTHON" scripts/test_bad_input.py ./train_gpt2cpu_asan
+run_test fuzz bash dev/fuzz/run_fuzzers.sh "${FUZZ_SECONDS:-15}"
 run_test resume "$PYTHON" scripts/test_resume.py ./train_gpt2cpu dev/test/ref/tiny --kills 6
 # the CUDA trainer's call sequence (cuBLASLt layouts, offsets, buffer reuse), emulated in numpy
 run_test cuda_emulation "$PYTHON" dev/cuda/emulate_trainer.py

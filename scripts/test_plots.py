@@ -5,8 +5,9 @@ them), runs every script, checks that each writes a non-empty PNG / CSV, and che
 numbers on constructed examples whose answers are known:
   - locality: one column holding half the norm -> top-1% share 0.5; equal scores -> shares
     n/IC and overlap 1 (ties go to the lower index); the same top-k every step -> overlap 1
-    and stale share = fresh share; two disjoint top-k sets alternating -> overlap 0 at odd
-    S and 1 at even S; random baseline n/IC; a cut-off last record is ignored;
+    and stale share = fresh share = interval mean; two disjoint top-k sets alternating ->
+    overlap 0 at odd S and 1 at even S, and the interval mean of S ages known; random
+    baseline n/IC; a cut-off last record is ignored;
   - bench: a trace with known durations -> exact compute / stall / CPU-update / step ms;
     the modelled PCIe bytes of offload, zenflow and adamw.
 Prints `plots: N passed, M failed` and exits 1 on a failure.
@@ -188,15 +189,19 @@ def test_locality_numbers(tmp):
     close(sh["qkvw"][10][0], (0.10 + q1_top10) / 2, 1e-6)
     for S in res["intervals"]:
         close(res["overlap"]["qkvw"][S][0], 1.0)
-        st, fr, rnd = res["stale"]["qkvw"][S]
+        st, fr, rnd, iv = res["stale"]["qkvw"][S]
         close(st, fr, 1e-9)
+        close(iv, fr, 1e-9)
         close(rnd, 0.1)
     for S in res["intervals"]:
         close(res["overlap"]["fcw"][S][0], 1.0 if S % 2 == 0 else 0.0)
-        st, fr, _ = res["stale"]["fcw"][S]
+        st, fr, _, iv = res["stale"]["fcw"][S]
         want = 1000 / 1090
         close(st, want if S % 2 == 0 else 10 / 1090, 1e-6)
         close(fr, want, 1e-6)
+        # used at ages 0 .. S-1: the even ages catch 1000/1090, the odd ones 10/1090
+        ages = range(S)
+        close(iv, sum(1000 if d % 2 == 0 else 10 for d in ages) / S / 1090, 1e-6)
     close(res["overlap"]["fcprojw"][1][1], 40 / 400)
     assert res["count"]["qkvw"] == 2 and res["count"]["all"] == 5
     # helpers directly

@@ -1,0 +1,50 @@
+// libFuzzer target: the training-state reader of a checkpoint (dev/train_gpt2.cpp,
+// read_checkpoint_state -> zenflow.h zf_load_state), for a fixed tiny model in zenflow mode.
+// The seed corpus holds a real state file of that model (dev/fuzz/make_seeds.py).
+#define TESTING
+#include "../train_gpt2.cpp"
+#include "fuzz_common.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+    static GPT2 model;
+    static ZenFlow zf;
+    static CpuDevice device;
+    static DataLoader loader;
+    static char dir[64];
+    static int ready = 0;
+    if (!ready) {  // the model, ZenFlow and a shard to position the loader in, built once
+        gpt2_build(&model, "d1c8h2v97t32", 1);
+        ZfConfig cfg = zf_default_config();
+        cfg.topk = 0.25;
+        cfg.update_interval = 3;
+        zenflow_cpu_init(&zf, &device, &model, cfg);
+        snprintf(dir, sizeof(dir), "/tmp/zf_fuzz_ckpt_%d", (int)getpid());
+        mkdir(dir, 0755);
+        char shard[128];
+        snprintf(shard, sizeof(shard), "%s/shard.bin", dir);
+        FILE* fp = fopen(shard, "wb");
+        int header[256] = {SHARD_MAGIC, SHARD_VERSION, 200};
+        uint16_t tokens[200] = {0};
+        fwrite(header, sizeof(int), 256, fp);
+        fwrite(tokens, sizeof(uint16_t), 200, fp);
+        fclose(fp);
+        dataloader_init(&loader, shard, 4, 16, 97);
+        ready = 1;
+    }
+    char path[128];
+    snprintf(path, sizeof(path), "%s/state_00000006.bin", dir);
+    FILE* fp = fopen(path, "wb");
+    if (size > 0) { fwrite(data, 1, size, fp); }
+    fclose(fp);
+    int floor = fuzz_fd_floor();
+    jmp_buf jump;
+    zf_fail_jump = &jump;
+    uint64_t rng = 0;
+    if (setjmp(jump) == 0) {
+        read_checkpoint_state(dir, 6, &zf, &loader, &rng);
+    } else {
+        fuzz_close_fds_from(floor);
+    }
+    zf_fail_jump = NULL;
+    return 0;
+}
