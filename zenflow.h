@@ -25,6 +25,21 @@ layout on the GPU; the backend gathers/scatters columns between it and the packe
 
 Modes (spec 2): adamw = k 1 (the CPU owns nothing), offload = k 0, U 1, no overlap (the CPU
 owns every matrix element), zenflow = 0 < k < 1 with windows of U steps and overlap.
+
+Transport (spec 7), where the window's gradient sum A of the CPU-owned columns is formed:
+  cpu:  every step the backend copies the CPU-owned gradient columns into a host staging
+        buffer and the updater adds them into A (two staging buffers take turns, so the
+        copy of step t+1 never overwrites what the job of step t still reads);
+  gpu:  the gradient buffer itself keeps adding up the CPU-owned columns over the window
+        (zf_zero_grads zeroes only the GPU-owned parts inside a window), and A is copied
+        to the host once, at the boundary.
+
+Threads (spec 5). With overlap on, everything the CPU does runs on the updater thread, in
+submission order: the per-step accumulations and the window updates. A job reads only
+buffers that nothing writes until the main thread has waited for that job, and the main
+thread waits only at fixed points (a boundary, reusing a staging buffer, a drain). Copies
+between host and device may still be in flight when a primitive returns: a job calls
+host_wait on a buffer before it touches it. So the results never depend on timing.
 */
 #ifndef ZENFLOW_H
 #define ZENFLOW_H
@@ -41,6 +56,11 @@ typedef enum { ZF_MODE_ADAMW = 0, ZF_MODE_OFFLOAD = 1, ZF_MODE_ZENFLOW = 2 } ZfM
 
 static const char* const zf_mode_names[3] = {"adamw", "offload", "zenflow"};
 
+// spec 7: where the window's gradient sum A is formed (see the top of this file)
+typedef enum { ZF_ACC_CPU = 0, ZF_ACC_GPU = 1 } ZfTransport;
+
+static const char* const zf_transport_names[2] = {"cpu", "gpu"};
+
 typedef struct {
     ZfMode mode;
     double topk;          // k: fraction of each matrix's columns the GPU owns
@@ -48,18 +68,21 @@ typedef struct {
     int select_interval;  // S: steps between reselections, 0 = select once
     int warmup;           // W: first W steps are synchronous offload
     int overlap;          // 1: the CPU's window update runs in the background
+    int transport;        // ZF_ACC_CPU or ZF_ACC_GPU (spec 7)
 } ZfConfig;
 
 // defaults of spec section 2; S = 100 (see docs/zenflow_spec.md, section 2 [project])
 static inline ZfConfig zf_default_config(void) {
-    ZfConfig c = {ZF_MODE_ZENFLOW, 0.1, 4, 100, 0, 1};
+    ZfConfig c = {ZF_MODE_ZENFLOW, 0.1, 4, 100, 0, 1, ZF_ACC_CPU};
     return c;
 }
 
-// the three modes are settings of one design (spec 2)
+// the three modes are settings of one design (spec 2); with U = 1 both transports move the
+// same bytes, so the baselines always use the paper's
 static inline ZfConfig zf_effective_config(ZfConfig c) {
     if (c.mode == ZF_MODE_ADAMW) { c.topk = 1.0; c.update_interval = 1; c.overlap = 0; c.warmup = 0; }
     if (c.mode == ZF_MODE_OFFLOAD) { c.topk = 0.0; c.update_interval = 1; c.overlap = 0; c.warmup = 0; }
+    if (c.mode != ZF_MODE_ZENFLOW) { c.transport = ZF_ACC_CPU; }
     return c;
 }
 
@@ -82,24 +105,45 @@ typedef struct {
 struct ZenFlow;
 
 // What a device must provide. Packed layouts are the ones in the comment at the top.
-// Every call is complete (host buffers may be reused) when it returns.
+// Every call is complete (host buffers may be reused) when it returns, except where it says
+// "asynchronous": then the host buffer may only be read (after grads_to_host) or written
+// (after params_prefetch / params_from_host) once host_wait on it has returned.
+// Optional entries may be NULL.
 typedef struct {
     void* ctx;
     // scores[j] = sum over rows o of g[o, j]^2, for every column j of `mat` (spec 4.2.2)
     void (*column_scores)(void* ctx, const ZfMatrix* mat, float* scores);
     // ownership changed: re-read zf->matrices (cols_by_owner, n_sel, offsets)
     void (*selection_changed)(void* ctx, const struct ZenFlow* zf);
+    // before a backward pass (zf_zero_grads): zero the whole gradient buffer (all = 1), or
+    // only its GPU-owned parts, the vectors and the selected columns (all = 0, spec 7)
+    void (*zero_grads)(void* ctx, const struct ZenFlow* zf, int all);
     // AdamW (spec 3.1) on every GPU-owned element with the current gradient (spec 4.3):
     // the vectors with weight decay 0, the selected columns with h.weight_decay
     void (*gpu_adam)(void* ctx, const struct ZenFlow* zf, ZfAdamHyper h, int step);
-    // the CPU-owned columns of the gradient / the parameters, packed, to the host
+    // the CPU-owned columns of the gradient, packed, to the host (asynchronous)
     void (*grads_to_host)(void* ctx, const struct ZenFlow* zf, float* host);
+    // packed CPU-owned gradient columns from the host into the gradient buffer (resuming a
+    // checkpoint with GPU accumulation: the open window's A goes back where it lives)
+    void (*grads_from_host)(void* ctx, const struct ZenFlow* zf, const float* host);
+    // the CPU-owned columns of the parameters, packed, to the host
     void (*params_to_host)(void* ctx, const struct ZenFlow* zf, float* host);
-    // packed CPU-owned parameter columns from the host into the working copy ("apply")
+    // optional, asynchronous, called by the updater thread when a window update is done:
+    // start copying the packed CPU-owned parameters to the device, so that the apply at the
+    // next boundary only has to put them in place
+    void (*params_prefetch)(void* ctx, const struct ZenFlow* zf, const float* host);
+    // packed CPU-owned parameter columns from the host into the working copy ("apply";
+    // asynchronous; the forward pass that follows sees them)
     void (*params_from_host)(void* ctx, const struct ZenFlow* zf, const float* host);
     // all of the GPU's moments (its packed m, v: vectors, then selected columns), and back
     void (*moments_to_host)(void* ctx, const struct ZenFlow* zf, float* m, float* v);
     void (*moments_from_host)(void* ctx, const struct ZenFlow* zf, const float* m, const float* v);
+    // optional: blocks until no copy into or out of this host buffer is in flight any more
+    // (called by the updater thread as well as the main thread)
+    void (*host_wait)(void* ctx, const float* host);
+    // optional, for measuring stalls: the main thread is about to block on the CPU side
+    // (begin = 1) or has stopped blocking (begin = 0); never nested by zenflow.h
+    void (*host_blocks)(void* ctx, int begin);
 } ZfBackend;
 
 // the frozen inputs of one window's CPU update (spec 5: a job reads only frozen buffers)
@@ -109,7 +153,17 @@ typedef struct {
     int count;         // n
     int step;          // s = t + 1 of the boundary step
     ZfAdamHyper hyper;
+    double ms;         // out: how long the update took (without waiting for copies)
 } ZfWindowJob;
+
+// one step's accumulation A += g_t (spec 4.4, CPU transport)
+typedef struct {
+    struct ZenFlow* zf;
+    const float* grads;  // this step's CPU-owned gradient: a staging buffer
+    float* acc;          // A of the open window
+    size_t n;            // CPU-owned elements
+    int first;           // first step of the window: A = 0 + g_t
+} ZfAccumulateJob;
 
 typedef struct ZenFlow {
     ZfConfig cfg;
@@ -129,7 +183,12 @@ typedef struct ZenFlow {
     float* v;             // (cpu_capacity)
     float* acc;           // (cpu_capacity) A of the open window
     float* acc_job;       // (cpu_capacity) A of the window the updater is working on
-    float* grad_stage;    // (cpu_capacity) this step's CPU-owned gradient, from the device
+    // CPU transport: this step's CPU-owned gradient, from the device. Two with overlap, used
+    // in turns; stage_ticket[i] is the last job that reads grad_stage[i] (-1: none)
+    float* grad_stage[2];  // (cpu_capacity) each; [1] only with overlap
+    long stage_ticket[2];
+    int stage_next;
+    ZfAccumulateJob acc_jobs[2];  // the accumulation reading grad_stage[i]
     int window_count;     // n: steps in the open window
     ZfUpdater* updater;
     int pending;          // a window's CPU result waits to be applied (overlap on)
@@ -143,6 +202,8 @@ typedef struct ZenFlow {
     int moved_columns;        // columns that changed owner at the last selection
     int num_selections;
     double cpu_update_ms;     // duration of the last finished window update
+    long long cpu_work_us;    // all CPU optimizer work so far (accumulations + updates), both
+                              // threads add to it (atomically): read with zf_cpu_work_ms
     FILE* selection_log;      // if set: "sel" and "scores" lines at every selection
 } ZenFlow;
 
@@ -161,6 +222,9 @@ static inline void zf_init(ZenFlow* zf, ZfConfig cfg, const GPT2Config* model, Z
     cfg = zf->cfg;
     if (cfg.topk < 0.0 || cfg.topk > 1.0) { zf_fail("flag -zk: topk ratio %g is not in [0, 1]", cfg.topk); }
     if (cfg.update_interval < 1) { zf_fail("flag -zu: update interval must be >= 1"); }
+    if (cfg.transport != ZF_ACC_CPU && cfg.transport != ZF_ACC_GPU) {
+        zf_fail("flag -za: transport %d is not cpu (0) or gpu (1)", cfg.transport);
+    }
 
     // matrices and vectors in parameter-buffer order (spec 1)
     size_t sizes[NUM_PARAMETER_TENSORS], offset = 0;
@@ -211,7 +275,11 @@ static inline void zf_init(ZenFlow* zf, ZfConfig cfg, const GPT2Config* model, Z
     zf->v = (float*)calloc_check(c, sizeof(float));
     zf->acc = (float*)calloc_check(c, sizeof(float));
     zf->acc_job = (float*)calloc_check(c, sizeof(float));
-    zf->grad_stage = (float*)calloc_check(c, sizeof(float));
+    if (cfg.transport == ZF_ACC_CPU) {
+        zf->grad_stage[0] = (float*)calloc_check(c, sizeof(float));
+        if (cfg.overlap) { zf->grad_stage[1] = (float*)calloc_check(c, sizeof(float)); }
+    }
+    zf->stage_ticket[0] = zf->stage_ticket[1] = -1;
     zf->m_new = (float*)calloc_check(c, sizeof(float));
     zf->v_new = (float*)calloc_check(c, sizeof(float));
     zf->gpu_m_old = (float*)calloc_check(g, sizeof(float));
@@ -238,18 +306,63 @@ static inline void zf_layout(ZenFlow* zf) {
     zf->gpu_sel_elems = gpu;
 }
 
+// the optional backend entries
+static inline void zf_host_wait(ZenFlow* zf, const float* host) {
+    if (zf->backend.host_wait != NULL) { zf->backend.host_wait(zf->backend.ctx, host); }
+}
+
+static inline void zf_host_blocks(ZenFlow* zf, int begin) {
+    if (zf->backend.host_blocks != NULL) { zf->backend.host_blocks(zf->backend.ctx, begin); }
+}
+
 // Warm-up ownership (spec 4.1): the CPU owns every matrix element until the first selection.
 // The model's parameters become the CPU master.
 static inline void zf_start_warmup(ZenFlow* zf) {
     for (int i = 0; i < zf->num_matrices; i++) { zf->matrices[i].n_sel = 0; }
     zf_layout(zf);
     zf->backend.selection_changed(zf->backend.ctx, zf);
+    zf_host_wait(zf, zf->master);
     zf->backend.params_to_host(zf->backend.ctx, zf, zf->master);
 }
 
 // ----------------------------------------------------------------------------
-// the CPU side of a window (runs on the updater thread with overlap, else inline)
+// the CPU side: accumulations and window updates (on the updater thread with overlap, else
+// inline on the main thread)
 
+// CPU optimizer work is added up by both threads, so atomically (a plain counter would race)
+static inline void zf_add_cpu_work(ZenFlow* zf, double t0_ms, double t1_ms) {
+    __atomic_add_fetch(&zf->cpu_work_us, (long long)((t1_ms - t0_ms) * 1e3), __ATOMIC_RELAXED);
+}
+
+// all CPU optimizer work so far, in ms (a trainer reports its growth per step)
+static inline double zf_cpu_work_ms(const ZenFlow* zf) {
+    return __atomic_load_n(&zf->cpu_work_us, __ATOMIC_RELAXED) * 1e-3;
+}
+
+// A = 0 + g, the first accumulation of a window: bitwise "A = 0, then A += g" (0 + -0 is +0,
+// which a plain copy would not give), in one pass instead of two
+static inline void zf_accumulate_first(float* acc, const float* g, size_t n) {
+#pragma omp parallel for schedule(static) if (n >= (1 << 16))
+    for (size_t i = 0; i < n; i++) { acc[i] = 0.0f + g[i]; }
+}
+
+// spec 4.4: A += g_t for the CPU-owned elements (CPU transport)
+static int zf_accumulate(void* arg) {
+    ZfAccumulateJob* job = (ZfAccumulateJob*)arg;
+    zf_host_wait(job->zf, job->grads);  // the copy of g_t from the device has landed
+    double t0 = zf_now_ms();
+    if (job->first) {
+        zf_accumulate_first(job->acc, job->grads, job->n);
+    } else {
+        zf_cpu_accumulate(job->acc, job->grads, job->n);
+    }
+    double t1 = zf_now_ms();
+    zf_add_cpu_work(job->zf, t0, t1);
+    trace_event(TRACE_CPU_UPDATE, "accumulate", t0, t1);
+    return 0;
+}
+
+// spec 4.6: G = A / n, then AdamW on every CPU-owned element (all are matrix elements)
 static int zf_window_update(void* arg) {
     ZfWindowJob* job = (ZfWindowJob*)arg;
     ZenFlow* zf = job->zf;
@@ -257,32 +370,81 @@ static int zf_window_update(void* arg) {
     // closed at step s (1-based) fail, as a real error in the CPU side would
     const char* fail_at = getenv("ZF_FAIL_AT_STEP");
     if (fail_at != NULL && atoi(fail_at) == job->step) { return 7; }
+    zf_host_wait(zf, job->acc);     // GPU transport: A's copy from the device has landed
+    zf_host_wait(zf, zf->master);   // the previous result has left for the device
     double t0 = zf_now_ms();
-    // spec 4.6: G = A / n, then AdamW on every CPU-owned element (all are matrix elements)
     zf_cpu_adam_step_mean(zf->master, zf->m, zf->v, job->acc, job->count, zf->cpu_elems,
                           job->hyper, job->step);
-    trace_event(TRACE_CPU_UPDATE, "window update", t0, zf_now_ms());
+    double t1 = zf_now_ms();
+    job->ms = t1 - t0;
+    zf_add_cpu_work(zf, t0, t1);
+    trace_event(TRACE_CPU_UPDATE, "window update", t0, t1);
+    // the result may start its way to the device now; it is applied at the next boundary
+    if (zf->backend.params_prefetch != NULL) {
+        zf->backend.params_prefetch(zf->backend.ctx, zf, zf->master);
+    }
     return 0;
 }
 
-// waits for the window job in flight (if any) to finish, without applying its result
-static inline void zf_wait(ZenFlow* zf) {
-    if (zf->pending_ticket < 0) { return; }
+// runs a job on the updater thread (background; *ticket = its ticket) or here, now (a job of
+// step s, for the error message)
+static inline void zf_run_job(ZenFlow* zf, int background, ZfJobFn fn, void* arg, long* ticket,
+                              int s) {
+    if (background) {
+        *ticket = zf_updater_submit(zf->updater, fn, arg);
+        return;
+    }
     double t0 = zf_now_ms();
-    int status = zf_updater_wait(zf->updater, zf->pending_ticket);
+    zf_host_blocks(zf, 1);
+    int status = fn(arg);
+    zf_host_blocks(zf, 0);
+    trace_event(TRACE_WAIT, "wait for CPU (synchronous)", t0, zf_now_ms());
+    if (status != 0) { zf_fail("step %d: the CPU update failed with code %d", s, status); }
+}
+
+// ----------------------------------------------------------------------------
+// waiting for the updater (spec 5: only at these fixed points)
+
+// waits for one job (and so every earlier one); ticket -1 = nothing to wait for
+static inline void zf_wait_ticket(ZenFlow* zf, long ticket) {
+    if (ticket < 0) { return; }
+    double t0 = zf_now_ms();
+    zf_host_blocks(zf, 1);
+    int status = zf_updater_wait(zf->updater, ticket);
+    zf_host_blocks(zf, 0);
     if (status != 0) {
         zf_fail("the CPU updater failed with code %d (the window update handed over at step %d)",
                 status, zf->job.step);
     }
     trace_event(TRACE_WAIT, "wait for CPU", t0, zf_now_ms());
-    zf_updater_busy_ms(zf->updater, &zf->cpu_update_ms);
+}
+
+// waits for the window job in flight (if any) to finish, without applying its result
+static inline void zf_wait_window(ZenFlow* zf) {
+    if (zf->pending_ticket < 0) { return; }
+    zf_wait_ticket(zf, zf->pending_ticket);
+    zf->cpu_update_ms = zf->job.ms;
     zf->pending_ticket = -1;
+}
+
+// waits until the updater is idle: every job submitted so far has finished (a window update
+// waiting to be applied stays pending)
+static inline void zf_wait(ZenFlow* zf) {
+    if (zf->updater == NULL) { return; }
+    zf_wait_window(zf);
+    double t0 = zf_now_ms();
+    zf_host_blocks(zf, 1);
+    int status = zf_updater_drain(zf->updater);
+    zf_host_blocks(zf, 0);
+    if (status != 0) { zf_fail("the CPU updater failed with code %d", status); }
+    trace_event(TRACE_WAIT, "wait for CPU", t0, zf_now_ms());
+    zf->stage_ticket[0] = zf->stage_ticket[1] = -1;
 }
 
 // waits for the pending window (if any) and applies its result to the working copy
 static inline void zf_wait_and_apply(ZenFlow* zf) {
     if (!zf->pending) { return; }
-    zf_wait(zf);
+    zf_wait_window(zf);
     double t0 = zf_now_ms();
     zf->backend.params_from_host(zf->backend.ctx, zf, zf->master);
     trace_event(TRACE_H2D, "apply", t0, zf_now_ms());
@@ -308,7 +470,9 @@ static inline void zf_log_selection(ZenFlow* zf, int t, int index, const ZfMatri
 static inline void zf_select(ZenFlow* zf, int t) {
     const ZfBackend* be = &zf->backend;
     // 4.2.1 drain: the working copy now equals the CPU master on every CPU-owned column
+    // (and the updater is idle: the layouts are about to change under its feet)
     zf_drain(zf);
+    zf_wait(zf);
     // keep the old ownership: the GPU's moments of its old columns come to the host
     std::vector<std::vector<int>> old_order(zf->num_matrices);
     std::vector<int> old_n_sel(zf->num_matrices);
@@ -391,15 +555,34 @@ static inline void zf_select(ZenFlow* zf, int t) {
     be->moments_from_host(be->ctx, zf, zf->gpu_m_new, zf->gpu_v_new);
     // the master of the new CPU columns: after the drain the working copy holds every
     // column's current value (the GPU's own columns, and the CPU's applied ones)
+    zf_host_wait(zf, zf->master);  // the apply's copy has finished reading the old master
     be->params_to_host(be->ctx, zf, zf->master);
     zf->last_select_step = t;
     zf->num_selections++;
 }
 
 // ----------------------------------------------------------------------------
-// one training step (spec 4), called after the backward pass of step t (0-based) has
-// produced g_t; `hyper.lr` is lr(t). Before the forward of step t+1 the working copy holds
-// everything this step must show it.
+// one training step (spec 4). The trainer calls zf_zero_grads before the backward pass of
+// step t (0-based), then zf_step once the backward has produced g_t; `hyper.lr` is lr(t).
+// Before the forward of step t+1 the working copy holds everything this step must show it.
+
+// spec 7: the gradient buffer before a backward pass (which ADDS into it). It must hold only
+// g_t, except, with GPU accumulation, the CPU-owned columns inside an open window: they keep
+// A, the sum of the window's gradients so far, and the backward adds g_t to it.
+static inline void zf_zero_grads(ZenFlow* zf) {
+    int all = zf->cfg.transport == ZF_ACC_CPU || zf->window_count == 0;
+    zf->backend.zero_grads(zf->backend.ctx, zf, all);
+}
+
+// CPU transport: the staging buffer for this step's gradient. With the updater working in
+// the background two take turns, and the job that read this one two steps ago must be done.
+static inline int zf_take_stage(ZenFlow* zf, int background) {
+    int i = background ? zf->stage_next : 0;
+    zf->stage_next = background ? 1 - i : 0;
+    zf_wait_ticket(zf, zf->stage_ticket[i]);
+    zf->stage_ticket[i] = -1;
+    return i;
+}
 
 static inline void zf_step(ZenFlow* zf, int t, ZfAdamHyper hyper) {
     const ZfConfig* cfg = &zf->cfg;
@@ -423,45 +606,76 @@ static inline void zf_step(ZenFlow* zf, int t, ZfAdamHyper hyper) {
     // 4.3 GPU update: selected columns and vectors, with g_t (during warm-up: vectors only)
     double t0 = zf_now_ms();
     be->gpu_adam(be->ctx, zf, hyper, s);
-    double t1 = zf_now_ms();
-    trace_event(TRACE_COMPUTE, "GPU-side AdamW", t0, t1);
+    trace_event(TRACE_COMPUTE, "GPU-side AdamW", t0, zf_now_ms());
     if (zf->cpu_elems == 0) { return; }  // adamw mode: the CPU owns nothing
 
-    // 4.4 accumulate: A += g_t on the CPU-owned elements, n += 1
-    be->grads_to_host(be->ctx, zf, zf->grad_stage);
-    double t2 = zf_now_ms();
-    trace_event(TRACE_D2H, "gradients", t1, t2);
-    zf_cpu_accumulate(zf->acc, zf->grad_stage, zf->cpu_elems);
-    trace_event(TRACE_CPU_UPDATE, "accumulate", t2, zf_now_ms());
+    // the CPU's part of this step runs in the background (overlap), or here and now
+    // (overlap off, and warm-up, which is synchronous offload: windows of one step)
+    const int U = warmup ? 1 : cfg->update_interval;
+    const int background = cfg->overlap && !warmup;
+
+    // 4.4 accumulate: A += g_t on the CPU-owned elements, n += 1. `window_sum` is where the
+    // window update will find A.
+    const float* window_sum = zf->acc;
+    int stage = -1;
+    if (cfg->transport == ZF_ACC_CPU) {
+        // spec 7, CPU accumulation: g_t's CPU-owned columns to the host, the CPU adds them up
+        stage = zf_take_stage(zf, background);
+        double t1 = zf_now_ms();
+        be->grads_to_host(be->ctx, zf, zf->grad_stage[stage]);
+        trace_event(TRACE_D2H, "gradients", t1, zf_now_ms());
+        if (U == 1) {
+            // a window of one step: A = 0 + g_t, which is g_t itself (a gradient is a sum that
+            // starts from +0, so it is never -0, the one value 0 + g would change)
+            window_sum = zf->grad_stage[stage];
+        } else {
+            ZfAccumulateJob* job = &zf->acc_jobs[stage];
+            *job = ZfAccumulateJob{zf, zf->grad_stage[stage], zf->acc, zf->cpu_elems,
+                                   zf->window_count == 0};
+            zf_run_job(zf, background, zf_accumulate, job, &zf->stage_ticket[stage], s);
+        }
+    }
+    // (spec 7, GPU accumulation: the backward pass has already added g_t into the gradient
+    // buffer's CPU-owned columns, on top of the window's earlier steps)
     zf->window_count++;
 
     // 4.5 boundary? (warm-up: every step, synchronously)
-    const int U = warmup ? 1 : cfg->update_interval;
     if (zf->window_count < U) { return; }
 
-    // 4.6 boundary: close the window
+    // 4.6 boundary: close the window; the next one starts with n = 0 (and its first
+    // accumulation, or with GPU accumulation zf_zero_grads, starts A from 0)
+    const int n = zf->window_count;
+    zf->window_count = 0;
     ZfAdamHyper cpu_hyper = hyper;  // every CPU-owned element is a matrix element: decay on
-    if (!cfg->overlap || warmup) {
+    if (!background) {
         // synchronous: update now, apply before the next forward
-        ZfWindowJob job = {zf, zf->acc, zf->window_count, s, cpu_hyper};
-        double t3 = zf_now_ms();
-        int status = zf_window_update(&job);
-        if (status != 0) { zf_fail("step %d: the CPU update failed with code %d", s, status); }
+        if (cfg->transport == ZF_ACC_GPU) {
+            be->grads_to_host(be->ctx, zf, zf->acc);  // A, once per window
+            window_sum = zf->acc;
+        }
+        ZfWindowJob job = {zf, window_sum, n, s, cpu_hyper, 0.0};
+        zf_run_job(zf, 0, zf_window_update, &job, NULL, s);
+        zf->cpu_update_ms = job.ms;
         double t4 = zf_now_ms();
-        zf->cpu_update_ms = t4 - t3;
-        trace_event(TRACE_WAIT, "wait for CPU (synchronous)", t3, t4);
         be->params_from_host(be->ctx, zf, zf->master);
         trace_event(TRACE_H2D, "apply", t4, zf_now_ms());
     } else {
         // overlap: apply window w-1, then hand window w to the updater and go on training
         zf_wait_and_apply(zf);
-        std::swap(zf->acc, zf->acc_job);  // freeze this window's A for the job
-        zf->job = ZfWindowJob{zf, zf->acc_job, zf->window_count, s, cpu_hyper};
+        if (cfg->transport == ZF_ACC_GPU || U > 1) {
+            std::swap(zf->acc, zf->acc_job);  // freeze this window's A for the job
+            window_sum = zf->acc_job;
+        }
+        if (cfg->transport == ZF_ACC_GPU) {
+            be->grads_to_host(be->ctx, zf, zf->acc_job);  // A, once per window
+        }
+        zf->job = ZfWindowJob{zf, window_sum, n, s, cpu_hyper, 0.0};
         zf->pending_ticket = zf_updater_submit(zf->updater, zf_window_update, &zf->job);
+        if (cfg->transport == ZF_ACC_CPU && U == 1) {
+            zf->stage_ticket[stage] = zf->pending_ticket;  // the job reads the staging buffer
+        }
         zf->pending = 1;
     }
-    memset(zf->acc, 0, zf->cpu_elems * sizeof(float));  // A = 0, n = 0
-    zf->window_count = 0;
 }
 
 // ----------------------------------------------------------------------------
@@ -470,8 +684,15 @@ static inline void zf_step(ZenFlow* zf, int t, ZfAdamHyper hyper) {
 // lands, and so the trajectory. Its result is saved as the master, with `pending` set.
 
 static inline void zf_save_state(ZenFlow* zf, FILE* fp, const char* path) {
-    zf_wait(zf);
+    zf_wait(zf);  // every job has finished (a window update waiting to be applied stays pending)
     const ZfBackend* be = &zf->backend;
+    if (zf->window_count > 0 && zf->cfg.transport == ZF_ACC_GPU) {
+        be->grads_to_host(be->ctx, zf, zf->acc);  // A lives in the gradient buffer (spec 7)
+        zf_host_wait(zf, zf->acc);
+    }
+    if (zf->window_count == 0) {
+        memset(zf->acc, 0, zf->cpu_elems * sizeof(float));  // no open window: A = 0
+    }
     be->moments_to_host(be->ctx, zf, zf->gpu_m_old, zf->gpu_v_old);
     int ints[8] = {(int)zf->cfg.mode, zf->cfg.update_interval, zf->cfg.select_interval,
                    zf->cfg.warmup, zf->cfg.overlap, zf->window_count, zf->pending,
@@ -494,6 +715,9 @@ static inline void zf_save_state(ZenFlow* zf, FILE* fp, const char* path) {
 // restores what zf_save_state wrote into a ZenFlow set up with zf_init for the same model;
 // the settings must be the ones the checkpoint was written with
 static inline void zf_load_state(ZenFlow* zf, FILE* fp, const char* path) {
+    zf_wait(zf);
+    zf_host_wait(zf, zf->master);
+    zf_host_wait(zf, zf->acc);
     double topk;
     int ints[8], more[3];
     fread_check(&topk, sizeof(double), 1, fp, path);
@@ -543,6 +767,11 @@ static inline void zf_load_state(ZenFlow* zf, FILE* fp, const char* path) {
     const ZfBackend* be = &zf->backend;
     be->selection_changed(be->ctx, zf);
     be->moments_from_host(be->ctx, zf, zf->gpu_m_new, zf->gpu_v_new);
+    if (zf->window_count > 0 && zf->cfg.transport == ZF_ACC_GPU) {
+        be->grads_from_host(be->ctx, zf, zf->acc);  // the open window's A, back where it lives
+    }
+    zf->stage_next = 0;
+    zf->stage_ticket[0] = zf->stage_ticket[1] = -1;
 }
 
 static inline void zf_free(ZenFlow* zf) {
@@ -552,9 +781,9 @@ static inline void zf_free(ZenFlow* zf) {
     }
     for (int i = 0; i < zf->num_matrices; i++) { free(zf->matrices[i].cols_by_owner); }
     free(zf->matrices);
-    float* buffers[] = {zf->master, zf->m, zf->v, zf->acc, zf->acc_job, zf->grad_stage,
-                        zf->m_new, zf->v_new, zf->gpu_m_old, zf->gpu_v_old, zf->gpu_m_new,
-                        zf->gpu_v_new};
+    float* buffers[] = {zf->master, zf->m, zf->v, zf->acc, zf->acc_job, zf->grad_stage[0],
+                        zf->grad_stage[1], zf->m_new, zf->v_new, zf->gpu_m_old, zf->gpu_v_old,
+                        zf->gpu_m_new, zf->gpu_v_new};
     for (float* b : buffers) { free(b); }
 }
 

@@ -701,6 +701,26 @@ static void cpu_column_scores(void* ctx, const ZfMatrix* mat, float* scores) {
 
 static void cpu_selection_changed(void* ctx, const ZenFlow* zf) { (void)ctx; (void)zf; }
 
+// all = 0 (GPU accumulation, inside a window): only the vectors and the selected columns
+static void cpu_zero_grads(void* ctx, const ZenFlow* zf, int all) {
+    GPT2* model = ((CpuDevice*)ctx)->model;
+    float* grads = model->grads_memory;
+    if (all) {
+        memset(grads, 0, model->num_parameters * sizeof(float));
+        return;
+    }
+    for (int i = 0; i < zf->num_vectors; i++) {
+        memset(grads + zf->vectors[i].offset, 0, zf->vectors[i].n * sizeof(float));
+    }
+    for (int i = 0; i < zf->num_matrices; i++) {
+        const ZfMatrix* mat = &zf->matrices[i];
+        float* w = grads + mat->offset;
+        for (int o = 0; o < mat->rows; o++) {
+            for (int r = 0; r < mat->n_sel; r++) { w[(size_t)o * mat->cols + mat->cols_by_owner[r]] = 0.0f; }
+        }
+    }
+}
+
 static void cpu_gpu_adam(void* ctx, const ZenFlow* zf, ZfAdamHyper h, int step) {
     CpuDevice* dev = (CpuDevice*)ctx;
     float *params = dev->model->params_memory, *grads = dev->model->grads_memory;
@@ -732,6 +752,15 @@ static void cpu_grads_to_host(void* ctx, const ZenFlow* zf, float* host) {
         const ZfMatrix* mat = &zf->matrices[i];
         gather_columns(grads, mat, mat->cols_by_owner + mat->n_sel, mat->cols - mat->n_sel,
                        host + mat->cpu_offset);
+    }
+}
+
+static void cpu_grads_from_host(void* ctx, const ZenFlow* zf, const float* host) {
+    float* grads = ((CpuDevice*)ctx)->model->grads_memory;
+    for (int i = 0; i < zf->num_matrices; i++) {
+        const ZfMatrix* mat = &zf->matrices[i];
+        scatter_columns(grads, mat, mat->cols_by_owner + mat->n_sel, mat->cols - mat->n_sel,
+                        host + mat->cpu_offset);
     }
 }
 
@@ -767,15 +796,19 @@ static void cpu_moments_from_host(void* ctx, const ZenFlow* zf, const float* m, 
 
 // ZenFlow over the CPU trainer's model; free with zenflow_cpu_free
 void zenflow_cpu_init(ZenFlow* zf, CpuDevice* dev, GPT2* model, ZfConfig cfg) {
-    ZfBackend be = {dev,
-                    cpu_column_scores,
-                    cpu_selection_changed,
-                    cpu_gpu_adam,
-                    cpu_grads_to_host,
-                    cpu_params_to_host,
-                    cpu_params_from_host,
-                    cpu_moments_to_host,
-                    cpu_moments_from_host};
+    ZfBackend be;
+    memset(&be, 0, sizeof(be));  // no asynchronous copies here: host_wait, prefetch stay NULL
+    be.ctx = dev;
+    be.column_scores = cpu_column_scores;
+    be.selection_changed = cpu_selection_changed;
+    be.zero_grads = cpu_zero_grads;
+    be.gpu_adam = cpu_gpu_adam;
+    be.grads_to_host = cpu_grads_to_host;
+    be.grads_from_host = cpu_grads_from_host;
+    be.params_to_host = cpu_params_to_host;
+    be.params_from_host = cpu_params_from_host;
+    be.moments_to_host = cpu_moments_to_host;
+    be.moments_from_host = cpu_moments_from_host;
     zf_init(zf, cfg, &model->config, be);
     dev->model = model;
     size_t largest = 0;

@@ -823,34 +823,56 @@ static inline void fused_classifier(float* logits, float* losses, const int* tar
 
 // ----------------------------------------------------------------------------
 // AdamW, exactly docs/zenflow_spec.md section 3.1 (bitwise the CPU's when built with
-// -fmad=false): one thread per element, the per-step constants computed on the host.
+// -fmad=false): the per-step constants are computed on the host, as cpu_adam.cpp does, and
+// every element goes through adamw_one, here and in zenflow.cuh's selective AdamW.
+
+typedef struct {
+    float lr, b1, b2, omb1, omb2, bc1, bc2, eps, wd;
+} AdamWConsts;
+
+// the constants of step s (1-based): 1 - b in fp32, bias corrections in double then rounded
+static inline AdamWConsts adamw_consts(float lr, float beta1, float beta2, float eps, float weight_decay,
+                                       int s) {
+    AdamWConsts c;
+    c.lr = lr;
+    c.b1 = beta1;
+    c.b2 = beta2;
+    c.omb1 = 1.0f - beta1;  // fp32 subtractions
+    c.omb2 = 1.0f - beta2;
+    c.bc1 = (float)(1.0 - pow((double)beta1, (double)s));  // double, then one rounding
+    c.bc2 = (float)(1.0 - pow((double)beta2, (double)s));
+    c.eps = eps;
+    c.wd = weight_decay;
+    return c;
+}
+
+// one element, in the order of spec 3.1 (the CPU's zf_adam_one)
+__device__ inline void adamw_one(float* p, float* m, float* v, float g, const AdamWConsts& c) {
+    float mi = c.b1 * *m + c.omb1 * g;
+    float vi = c.b2 * *v + (c.omb2 * g) * g;
+    float mhat = mi / c.bc1;
+    float vhat = vi / c.bc2;
+    float pi = *p;
+    // wd*p is computed even when wd == 0, as on the CPU (the sign of a zero update)
+    *p = pi - c.lr * (mhat / (sqrtf(vhat) + c.eps) + c.wd * pi);
+    *m = mi;
+    *v = vi;
+}
 
 __global__ void adamw_kernel(float* __restrict__ p, float* __restrict__ m, float* __restrict__ v,
-                             const float* __restrict__ g, size_t n, float lr, float b1, float b2,
-                             float omb1, float omb2, float bc1, float bc2, float eps, float wd) {
+                             const float* __restrict__ g, size_t n, AdamWConsts c) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) { return; }
-    float gi = g[i];
-    float mi = b1 * m[i] + omb1 * gi;
-    float vi = b2 * v[i] + (omb2 * gi) * gi;
-    float mhat = mi / bc1;
-    float vhat = vi / bc2;
-    float pi = p[i];
-    // wd*p is computed even when wd == 0, as on the CPU (the sign of a zero update)
-    p[i] = pi - lr * (mhat / (sqrtf(vhat) + eps) + wd * pi);
-    m[i] = mi;
-    v[i] = vi;
+    adamw_one(p + i, m + i, v + i, g[i], c);
 }
 
 // one AdamW step at step number s (1-based) over n elements
 static inline void adamw_update(float* p, float* m, float* v, const float* g, size_t n, float lr,
                                 float beta1, float beta2, float eps, float weight_decay, int s) {
-    float omb1 = 1.0f - beta1, omb2 = 1.0f - beta2;               // fp32 subtractions
-    float bc1 = (float)(1.0 - pow((double)beta1, (double)s));     // double, then one rounding
-    float bc2 = (float)(1.0 - pow((double)beta2, (double)s));
+    if (n == 0) { return; }
+    AdamWConsts c = adamw_consts(lr, beta1, beta2, eps, weight_decay, s);
     const int block = 256;
-    adamw_kernel<<<ceil_div(n, block), block>>>(p, m, v, g, n, lr, beta1, beta2, omb1, omb2, bc1, bc2,
-                                                eps, weight_decay);
+    adamw_kernel<<<ceil_div(n, block), block>>>(p, m, v, g, n, c);
     cudaCheck(cudaGetLastError());
 }
 

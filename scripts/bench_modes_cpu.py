@@ -11,7 +11,9 @@ timeline trace (-tr), and splits every traced step from its trace:
   CPU update the CPU updater's work per step: "window update" + "accumulate" (track 4),
              whether it ran in the background or the loop waited for it
 Step time = from one step's forward to the next step's forward (so the run traces one step
-more than it measures). The first --skip steps are warm-up and not measured.
+more than it measures). The first --skip steps (default 6) are warm-up and not measured:
+the first window update of every mode first-touches the CPU's moments (page faults) and
+takes 20-30x longer than the later ones (440 ms vs 13 ms for d4c256h4 here).
 
 Prints one table and writes a CSV (--csv) with the columns
   device,model,mode,ms_per_step,compute_ms,stall_ms,cpu_update_ms,pcie_mb_d2h,pcie_mb_h2d
@@ -27,7 +29,7 @@ The table teaches the structure (who waits for whom), not ZenFlow's speed-up.
 
 Usage:
   /usr/bin/python3 scripts/bench_modes_cpu.py [--model d2c128h4 [--model d4c256h4]]
-      [--steps 8] [--skip 2] [--batch 4] [--seq 64] [--modes adamw,offload,zenflow]
+      [--steps 8] [--skip 6] [--batch 4] [--seq 64] [--modes adamw,offload,zenflow]
       [--workdir build/bench] [--csv build/bench/step_time_cpu.csv] [--tag "B=1 T=16"]
   /usr/bin/python3 scripts/bench_modes_cpu.py --trace adamw=a.json --trace zenflow=z.json
       (only parse existing traces; then give --model for the table's label)
@@ -147,18 +149,37 @@ def pcie_mb(model, mode, topk=0.1, update_interval=4):
 
 # ----------------------------------------------------------------------------
 
+def busy_cpu_seconds():
+    """CPU-seconds all processes of this machine have run (from /proc/stat), or None."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()[1:]
+        user, nice, system, idle, iowait, irq, softirq, steal = (int(x) for x in fields[:8])
+        return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError):
+        return None
+
+
 def run_mode(args, model, mode, trace_path):
+    """Runs the trainer; returns the CPU cores other processes used meanwhile (or None)."""
     total = args.skip + args.steps + 1
     cmd = [args.trainer, "-e", model, "-b", str(args.batch), "-t", str(args.seq),
            "-x", str(total), "-zo", mode, "-v", "0", "-s", "0",
            "-tr", trace_path, "-tf", "1", "-tn", str(total)] + args.extra
     print("running: " + " ".join(cmd), file=sys.stderr)
-    t0 = time.time()
+    t0, busy0, mine0 = time.time(), busy_cpu_seconds(), os.times()
     res = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    wall, busy1, mine1 = time.time() - t0, busy_cpu_seconds(), os.times()
     if res.returncode != 0:
         sys.stderr.write(res.stdout[-3000:])
         sys.exit(f"the trainer failed in mode {mode} (exit {res.returncode})")
-    print(f"  {total} steps in {time.time() - t0:.1f} s", file=sys.stderr)
+    others = None
+    if busy0 is not None and busy1 is not None and wall > 0:
+        mine = sum(mine1[:4]) - sum(mine0[:4])  # this script and the trainer
+        others = max(0.0, (busy1 - busy0 - mine) / wall)
+    print(f"  {total} steps in {wall:.1f} s" + (f"; other processes used {others:.2f} "
+          "cores meanwhile" if others is not None else ""), file=sys.stderr)
+    return others
 
 
 def main():
@@ -169,7 +190,9 @@ def main():
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--steps", type=int, default=8, help="measured steps (default 8: two "
                     "whole windows at U = 4)")
-    ap.add_argument("--skip", type=int, default=2, help="warm-up steps not measured")
+    ap.add_argument("--skip", type=int, default=6, help="warm-up steps not measured (default"
+                    " 6: past zenflow's first window update, which first-touches the CPU"
+                    "'s moments and is several times slower than the later ones)")
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--seq", type=int, default=64)
     ap.add_argument("--topk", type=float, default=0.1, help="zenflow k (for the pcie columns;"
@@ -188,6 +211,7 @@ def main():
     models = args.model or ["d2c128h4"]
 
     jobs = []  # (model, mode, trace path)
+    others = []  # cores other processes used during each run
     if args.trace:
         for item in args.trace:
             mode, _, path = item.partition("=")
@@ -199,7 +223,7 @@ def main():
                 tag = re.sub(r"[^A-Za-z0-9]+", "", args.tag)
                 path = os.path.join(args.workdir, f"trace_{os.path.basename(model)}"
                                     f"{'_' + tag if tag else ''}_{mode}.json")
-                run_mode(args, model, mode, path)
+                others.append(run_mode(args, model, mode, path))
                 jobs.append((model, mode, path))
 
     results = []
@@ -226,6 +250,10 @@ def main():
           "CPU;\n other = transfers, accumulate, bookkeeping; CPU update = the CPU's optimizer "
           "work per step, hidden or not)")
     print(NOTE)
+    busy = [o for o in others if o is not None and o > 0.25]
+    if busy:
+        print(f"WARNING: other processes used up to {max(busy):.2f} CPU cores during the "
+              "runs; these timings are disturbed, run again on an idle machine.")
 
     csv = args.csv or os.path.join(args.workdir, "step_time_cpu.csv")
     os.makedirs(os.path.dirname(os.path.abspath(csv)), exist_ok=True)

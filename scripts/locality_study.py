@@ -40,7 +40,7 @@ Options: --model d2c128h4 --steps 300 --batch 4 --seq 64 --lr 3e-4 --mode adamw
          --intervals 1,4,16,64,100,... --skip 0 --csv build/locality/locality.csv
          --png docs/images/locality.png
 The default run (d2c128h4, 300 steps, AdamW so the selection cannot feed back into the
-scores) takes about 4 to 5 minutes on 2 cores.
+scores) takes about 2 minutes on an idle 2-core machine (7 with another run beside it).
 """
 import argparse
 import math

@@ -121,7 +121,7 @@ def plot(traces, out, steps=None, title=None):
     if title:
         fig.suptitle(title, fontsize=10)
     rows_of_legend = (len(handles) + 4) // 5
-    fig.tight_layout(rect=(0, 0.035 * rows_of_legend + 0.4 / fig.get_figheight(), 1, 1))
+    fig.tight_layout(rect=(0, (0.2 + 0.22 * rows_of_legend) / fig.get_figheight(), 1, 1))
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     fig.savefig(out, dpi=110)
     plt.close(fig)

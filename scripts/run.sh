@@ -10,4 +10,4 @@ if [ -x ./train_gpt2cu ] && command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi 
     exec ./train_gpt2cu -e d12 -b 4 -t 1024 -x 50 -v 25 -m 10 -s 50 "$@"
 fi
 echo "make run: no GPU here, training with the CPU reference trainer on a small model"
-exec ./train_gpt2cpu -e d4c256h4 -b 4 -t 64 -x 30 -v 10 -m 4 -s 30 -g 48 "$@"
+exec ./train_gpt2cpu -e d4c256h4 -b 4 -t 64 -x 30 -l 1e-3 -v 10 -m 4 -s 30 -g 48 "$@"

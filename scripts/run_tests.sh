@@ -56,6 +56,7 @@ run_test cpu_adam ./test_cpu_adam
 run_test cpu_adam_tsan ./test_cpu_adam_tsan
 # the orchestration under ThreadSanitizer: the overlap cases, where the updater thread works
 run_test zenflow_tsan ./test_zenflow_tsan dev/test/ref/zf_a
+run_test plots "$PYTHON" scripts/test_plots.py
 run_test bad_input_cpu "$PYTHON" scripts/test_bad_input.py ./train_gpt2cpu
 
 # sanitizers: AddressSanitizer + UndefinedBehaviorSanitizer over the CPU tests and the error

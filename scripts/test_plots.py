@@ -287,13 +287,25 @@ def test_bench_cli(tmp, trainer):
     fake_trace(os.path.join(tmp, "a.json"), "adamw", 5)
     csv2 = os.path.join(tmp, "bench2.csv")
     run_script("bench_modes_cpu.py", "--trace", "adamw=" + os.path.join(tmp, "a.json"),
-               "--model", "custom.bin", "--csv", csv2)
+               "--model", "custom.bin", "--skip", "2", "--csv", csv2)
     lines = check_csv(csv2, "device,")
     assert lines[1].startswith("cpu,custom.bin,adamw,310.000,310.000,0.000,0.000,,"), lines
     return csv, csv2
 
 
 def test_plot_step_time(tmp, csvs):
+    # its own CSV too (so this test does not depend on the bench test): two devices, an
+    # unknown mode, empty cells
+    own = os.path.join(tmp, "own.csv")
+    with open(own, "w") as f:
+        f.write("device,model,mode,ms_per_step,compute_ms,stall_ms,cpu_update_ms,"
+                "pcie_mb_d2h,pcie_mb_h2d\n"
+                "cpu,d4c256h4,adamw,850,849,0,0,0,0\n"
+                "cpu,d4c256h4,offload,840,745,14,20,65,65\n"
+                "h200,d12,zenflow,120,100,2,,,\n"
+                "h200,d12,offload,600,100,480,470,500,500\n"
+                "h200,d12,custom,130,110,,,,\n")
+    csvs = [c for c in csvs if c] + [own]
     out = os.path.join(tmp, "step_time.png")
     run_script("plot_step_time.py", *sum((["--csv", c] for c in csvs), []), "--out", out,
                "--title", "test")
@@ -359,7 +371,7 @@ def main():
             ("locality: runs the trainer", lambda: test_locality_runs_trainer(tmp, trainer)),
             ("bench: trace breakdown and PCIe bytes", lambda: test_bench_numbers(tmp)),
             ("bench: CLI runs modes, writes CSV", lambda: csvs.extend(test_bench_cli(tmp, trainer))),
-            ("plot_step_time", lambda: test_plot_step_time(tmp, csvs or [None])),
+            ("plot_step_time", lambda: test_plot_step_time(tmp, csvs)),
             ("plot_timeline", lambda: test_plot_timeline(tmp)),
             ("plot_loss", lambda: test_plot_loss(tmp)),
         ]
