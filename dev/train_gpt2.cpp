@@ -19,12 +19,12 @@ orchestration (zenflow_cpu.h) or, for plain AdamW, to cpu_adam.cpp.
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <dirent.h>
 #include <signal.h>
 #include <sys/stat.h>
 
 #include "../cpu_adam.h"
 #include "../zenflow.h"
+#include "../llmc/checkpoint.h"
 #include "../llmc/dataloader.h"
 #include "../llmc/gpt2_file.h"
 #include "../llmc/tokenizer.h"
@@ -856,89 +856,6 @@ void scores_write(FILE* fp, ZenFlow* zf, int step) {
     }
 }
 
-// ----------------------------------------------------------------------------
-// checkpoints (-n, -y): the model file (llm.c-compatible, the working copy) plus a state file
-// with everything else a run needs to continue bit for bit: step, data position, sampling
-// RNG, and ZenFlow's state (zf_save_state). Both are written to a temporary name, synced
-// and renamed, model first, so a kill at any moment leaves the previous checkpoint intact.
-
-#define STATE_MAGIC 20241130
-#define STATE_VERSION 1
-
-void write_checkpoint(const char* dir, int step, const GPT2* model, ZenFlow* zf,
-                      const DataLoader* loader, uint64_t rng) {
-    char path[4096], tmp[4200];
-    snprintf(path, sizeof(path), "%s/model_%08d.bin", dir, step);
-    gpt2_write_model(path, &model->config, model->params_memory);
-    snprintf(path, sizeof(path), "%s/state_%08d.bin", dir, step);
-    FILE* fp = zf_atomic_open(path, tmp, sizeof(tmp));
-    int header[256] = {0};
-    header[0] = STATE_MAGIC;
-    header[1] = STATE_VERSION;
-    header[2] = step;
-    header[3] = loader->B;
-    header[4] = loader->T;
-    header[5] = (int)loader->shard_index;
-    fwrite_check(header, sizeof(int), 256, fp, tmp);
-    uint64_t words[2] = {(uint64_t)loader->position, rng};
-    fwrite_check(words, sizeof(uint64_t), 2, fp, tmp);
-    zf_save_state(zf, fp, tmp);
-    zf_atomic_commit(fp, tmp, path);
-    printf("wrote checkpoint %s/{model,state}_%08d.bin\n", dir, step);
-}
-
-// the step of the newest complete checkpoint in dir (state and model file), or -1
-int newest_checkpoint(const char* dir) {
-    DIR* d = opendir(dir);
-    if (d == NULL) { return -1; }
-    int best = -1;
-    struct dirent* e;
-    while ((e = readdir(d)) != NULL) {
-        int step;
-        char tail;
-        if (sscanf(e->d_name, "state_%8d.bi%c", &step, &tail) == 2 && tail == 'n' &&
-            strlen(e->d_name) == 18 && step > best) {
-            char model_path[4096];
-            snprintf(model_path, sizeof(model_path), "%s/model_%08d.bin", dir, step);
-            if (zf_file_size(model_path) > 0) { best = step; }
-        }
-    }
-    closedir(d);
-    return best;
-}
-
-// restores what write_checkpoint wrote (the model was already built from its model file)
-void read_checkpoint_state(const char* dir, int step, ZenFlow* zf, DataLoader* loader,
-                           uint64_t* rng) {
-    char path[4096];
-    snprintf(path, sizeof(path), "%s/state_%08d.bin", dir, step);
-    FILE* fp = fopen_check(path, "rb");
-    int header[256];
-    fread_check(header, sizeof(int), 256, fp, path);
-    if (header[0] != STATE_MAGIC || header[1] != STATE_VERSION) {
-        zf_fail("%s: not a training state file (magic %d version %d)", path, header[0], header[1]);
-    }
-    if (header[2] != step || header[3] != loader->B || header[4] != loader->T) {
-        zf_fail("%s: written with B=%d T=%d, this run has B=%d T=%d (hint: resume with the same "
-                "-b and -t)", path, header[3], header[4], loader->B, loader->T);
-    }
-    uint64_t words[2];
-    fread_check(words, sizeof(uint64_t), 2, fp, path);
-    if (header[5] < 0 || (size_t)header[5] >= loader->glob_result.gl_pathc) {
-        zf_fail("%s: data position refers to shard %d, but -i matches %zu shards", path,
-                header[5], loader->glob_result.gl_pathc);
-    }
-    dataloader_load_shard(loader, (size_t)header[5]);
-    if (words[0] + (size_t)loader->B * loader->T + 1 > loader->num_tokens) {
-        zf_fail("%s: data position %llu is past the shard's end", path, (unsigned long long)words[0]);
-    }
-    loader->position = (size_t)words[0];
-    *rng = words[1];
-    zf_load_state(zf, fp, path);
-    if (fgetc(fp) != EOF) { zf_fail("%s: trailing bytes (corrupt file?)", path); }
-    fclose(fp);
-}
-
 // the first parameter tensor that holds a nan or inf, for the error message
 const char* first_nonfinite_tensor(const GPT2* model) {
     size_t sizes[NUM_PARAMETER_TENSORS], offset = 0;
@@ -1169,7 +1086,7 @@ int main(int argc, char* argv[]) {
         int last = step == steps;
         if (g_interrupted) {
             if (checkpoint_every > 0) {
-                write_checkpoint(output_dir, step, &model, &zf, &train_loader, rng);
+                write_checkpoint(output_dir, step, cfg, model.params_memory, &zf, &train_loader, rng);
             } else {
                 zf_wait(&zf);
             }
@@ -1198,7 +1115,7 @@ int main(int argc, char* argv[]) {
                         gen_tokens, &rng);
         }
         if (fresh && checkpoint_every > 0 && step > 0 && (step % checkpoint_every == 0 || last)) {
-            write_checkpoint(output_dir, step, &model, &zf, &train_loader, rng);
+            write_checkpoint(output_dir, step, cfg, model.params_memory, &zf, &train_loader, rng);
         }
         if (last) { break; }
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what the project's Python scripts need, from Debian's packages only:
 # python3-torch (the PyTorch reference), python3-numpy, python3-regex (GPT-2's tokenizer
-# pattern), python3-matplotlib (the plots). They install for /usr/bin/python3, which is the interpreter the Makefile uses.
+# pattern), python3-matplotlib (the plots). They install for /usr/bin/python3, which is
+# the interpreter the Makefile uses.
 # Does nothing when everything is there; needs root (or sudo) only when it must install.
 set -euo pipefail
 PYTHON=${PYTHON:-/usr/bin/python3}
