@@ -660,13 +660,15 @@ void gpt2_free(GPT2* model) {
 // ----------------------------------------------------------------------------
 // ZenFlow's device primitives for the CPU trainer (zenflow.h calls them; the CUDA
 // trainer's versions are in zenflow.cuh). Here the "GPU" is simply the model's own
-// buffers, and the GPU-side moments are a host array in zenflow.h's packed GPU layout.
+// buffers. The GPU-side moments live in the model's layout (one m and v per parameter,
+// meaningful where the "GPU" owns the element), so the GPU-side AdamW runs straight over
+// each row's runs of selected columns; they are packed into zenflow.h's layout only when
+// ownership moves. AdamW is elementwise, so the layout cannot change a single bit.
 
 typedef struct {
     GPT2* model;
-    float* gpu_m;    // (vector_elems + gpu_capacity) vectors first, then selected columns
+    float* gpu_m;  // (num_parameters) in the model's layout
     float* gpu_v;
-    float* scratch;  // (2 * largest matrix) packed p and g of one matrix's selected columns
 } CpuDevice;
 
 // packed[r * rows + o] = full[o * cols + order[r]] for the columns order[0..count)
@@ -726,23 +728,31 @@ static void cpu_gpu_adam(void* ctx, const ZenFlow* zf, ZfAdamHyper h, int step) 
     float *params = dev->model->params_memory, *grads = dev->model->grads_memory;
     ZfAdamHyper vector_hyper = h;
     vector_hyper.weight_decay = 0.0f;  // spec 1: no decay on vectors
-    size_t at = 0;
     for (int i = 0; i < zf->num_vectors; i++) {
-        const ZfVector* vec = &zf->vectors[i];
-        zf_cpu_adam_step(params + vec->offset, dev->gpu_m + at, dev->gpu_v + at,
-                         grads + vec->offset, vec->n, vector_hyper, step);
-        at += vec->n;
+        size_t at = zf->vectors[i].offset;
+        zf_cpu_adam_step(params + at, dev->gpu_m + at, dev->gpu_v + at, grads + at,
+                         zf->vectors[i].n, vector_hyper, step);
     }
     for (int i = 0; i < zf->num_matrices; i++) {
         const ZfMatrix* mat = &zf->matrices[i];
-        if (mat->n_sel == 0) { continue; }
-        size_t n = (size_t)mat->n_sel * mat->rows;
-        float *p = dev->scratch, *g = dev->scratch + n;
-        gather_columns(params, mat, mat->cols_by_owner, mat->n_sel, p);
-        gather_columns(grads, mat, mat->cols_by_owner, mat->n_sel, g);
-        size_t m_at = zf->vector_elems + mat->gpu_offset;
-        zf_cpu_adam_step(p, dev->gpu_m + m_at, dev->gpu_v + m_at, g, n, h, step);
-        scatter_columns(params, mat, mat->cols_by_owner, mat->n_sel, p);
+        if (mat->n_sel == mat->cols) {  // the whole matrix (adamw mode): one flat pass
+            size_t at = mat->offset;
+            zf_cpu_adam_step(params + at, dev->gpu_m + at, dev->gpu_v + at, grads + at,
+                             (size_t)mat->rows * mat->cols, h, step);
+            continue;
+        }
+        // row by row, one call per run of consecutive selected columns
+        const int* sel = mat->cols_by_owner;  // the first n_sel entries, ascending
+        for (int o = 0; o < mat->rows; o++) {
+            for (int r = 0; r < mat->n_sel;) {
+                int run = 1;
+                while (r + run < mat->n_sel && sel[r + run] == sel[r] + run) { run++; }
+                size_t at = mat->offset + (size_t)o * mat->cols + sel[r];
+                zf_cpu_adam_step(params + at, dev->gpu_m + at, dev->gpu_v + at, grads + at, run,
+                                 h, step);
+                r += run;
+            }
+        }
     }
 }
 
@@ -782,16 +792,35 @@ static void cpu_params_from_host(void* ctx, const ZenFlow* zf, const float* host
     }
 }
 
+// all GPU-side moments <-> zenflow.h's packed GPU layout (vectors, then selected columns)
 static void cpu_moments_to_host(void* ctx, const ZenFlow* zf, float* m, float* v) {
     CpuDevice* dev = (CpuDevice*)ctx;
-    memcpy(m, dev->gpu_m, (zf->vector_elems + zf->gpu_sel_elems) * sizeof(float));
-    memcpy(v, dev->gpu_v, (zf->vector_elems + zf->gpu_sel_elems) * sizeof(float));
+    size_t at = 0;
+    for (int i = 0; i < zf->num_vectors; i++) {
+        memcpy(m + at, dev->gpu_m + zf->vectors[i].offset, zf->vectors[i].n * sizeof(float));
+        memcpy(v + at, dev->gpu_v + zf->vectors[i].offset, zf->vectors[i].n * sizeof(float));
+        at += zf->vectors[i].n;
+    }
+    for (int i = 0; i < zf->num_matrices; i++) {
+        const ZfMatrix* mat = &zf->matrices[i];
+        gather_columns(dev->gpu_m, mat, mat->cols_by_owner, mat->n_sel, m + at + mat->gpu_offset);
+        gather_columns(dev->gpu_v, mat, mat->cols_by_owner, mat->n_sel, v + at + mat->gpu_offset);
+    }
 }
 
 static void cpu_moments_from_host(void* ctx, const ZenFlow* zf, const float* m, const float* v) {
     CpuDevice* dev = (CpuDevice*)ctx;
-    memcpy(dev->gpu_m, m, (zf->vector_elems + zf->gpu_sel_elems) * sizeof(float));
-    memcpy(dev->gpu_v, v, (zf->vector_elems + zf->gpu_sel_elems) * sizeof(float));
+    size_t at = 0;
+    for (int i = 0; i < zf->num_vectors; i++) {
+        memcpy(dev->gpu_m + zf->vectors[i].offset, m + at, zf->vectors[i].n * sizeof(float));
+        memcpy(dev->gpu_v + zf->vectors[i].offset, v + at, zf->vectors[i].n * sizeof(float));
+        at += zf->vectors[i].n;
+    }
+    for (int i = 0; i < zf->num_matrices; i++) {
+        const ZfMatrix* mat = &zf->matrices[i];
+        scatter_columns(dev->gpu_m, mat, mat->cols_by_owner, mat->n_sel, m + at + mat->gpu_offset);
+        scatter_columns(dev->gpu_v, mat, mat->cols_by_owner, mat->n_sel, v + at + mat->gpu_offset);
+    }
 }
 
 // ZenFlow over the CPU trainer's model; free with zenflow_cpu_free
@@ -811,21 +840,14 @@ void zenflow_cpu_init(ZenFlow* zf, CpuDevice* dev, GPT2* model, ZfConfig cfg) {
     be.moments_from_host = cpu_moments_from_host;
     zf_init(zf, cfg, &model->config, be);
     dev->model = model;
-    size_t largest = 0;
-    for (int i = 0; i < zf->num_matrices; i++) {
-        size_t n = (size_t)zf->matrices[i].rows * zf->matrices[i].cols;
-        largest = n > largest ? n : largest;
-    }
-    dev->gpu_m = (float*)calloc_check(zf->vector_elems + zf->gpu_capacity, sizeof(float));
-    dev->gpu_v = (float*)calloc_check(zf->vector_elems + zf->gpu_capacity, sizeof(float));
-    dev->scratch = (float*)malloc_check(2 * largest * sizeof(float));
+    dev->gpu_m = (float*)calloc_check(model->num_parameters, sizeof(float));
+    dev->gpu_v = (float*)calloc_check(model->num_parameters, sizeof(float));
 }
 
 void zenflow_cpu_free(ZenFlow* zf, CpuDevice* dev) {
     zf_free(zf);
     free(dev->gpu_m);
     free(dev->gpu_v);
-    free(dev->scratch);
 }
 
 // ----------------------------------------------------------------------------
@@ -1071,7 +1093,9 @@ int main(int argc, char* argv[]) {
            "%s\n", zf_mode_names[zcfg.mode], zcfg.topk, zcfg.update_interval, zcfg.select_interval,
            zcfg.warmup, zcfg.overlap ? "on" : "off");
     printf("[memory] CPU side (master, m, v, 2 accumulators, staging, 2 scratch) %.1f MiB, "
-           "GPU-side moments %.1f MiB\n", 8.0 * zf.cpu_capacity * 4 / 1048576.0, 2.0 * (zf.vector_elems + zf.gpu_capacity) * 4 / 1048576.0);
+           "GPU-side moments %.1f MiB (their share in zenflow.cuh's packed layout)\n",
+           8.0 * zf.cpu_capacity * 4 / 1048576.0,
+           2.0 * (zf.vector_elems + zf.gpu_capacity) * 4 / 1048576.0);
     ZfAdamHyper hyper = {lr, 0.9f, 0.95f, 1e-8f, weight_decay};
     if (trace_path != NULL) { trace_open(trace_path, trace_first, trace_first + trace_steps - 1); }
     FILE* scores_file = scores_path != NULL ? scores_open(scores_path, &zf) : NULL;
