@@ -22,7 +22,7 @@ CUDA_ARCH ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=s
 NVCCFLAGS ?= -O3 -std=c++17 -fmad=false $(CUDA_ARCH) -Xcompiler -Wall,-fopenmp,-ffp-contract=off
 NVCC_LDLIBS = -lcublasLt -lcublas -lgomp -lpthread
 
-CPU_BINS = train_gpt2cpu test_gpt2cpu test_zenflow test_cpu_adam
+CPU_BINS = train_gpt2cpu test_gpt2cpu test_zenflow test_cpu_adam zenflow_async
 TSAN_BINS = test_cpu_adam_tsan test_zenflow_tsan
 ASAN_BINS = test_gpt2cpu_asan test_zenflow_asan train_gpt2cpu_asan
 ifneq ($(NVCC_FOUND),)
@@ -34,7 +34,7 @@ endif
 
 HEADERS = $(wildcard llmc/*.h) cpu_adam.h zenflow.h
 
-.PHONY: all test run data deps refs clean bench cuda_dev fuzz
+.PHONY: all test run data deps refs clean bench bench_zenflow cuda_dev fuzz
 all: $(CPU_BINS) $(CUDA_BINS)
 
 cpu_adam.o: cpu_adam.cpp cpu_adam.h
@@ -47,6 +47,11 @@ test_gpt2cpu: dev/test_gpt2.cpp dev/train_gpt2.cpp cpu_adam.o $(HEADERS)
 	$(CXX) $(CXXFLAGS) $< cpu_adam.o -o $@ $(LDLIBS)
 
 test_zenflow: dev/test_zenflow.cpp dev/train_gpt2.cpp cpu_adam.o $(HEADERS)
+	$(CXX) $(CXXFLAGS) $< cpu_adam.o -o $@ $(LDLIBS)
+
+# the GPU backend's copy/wait protocol, on the CPU: a stand-in device whose copies land as
+# late or as early as CUDA allows (dev/cuda/zenflow_async.cpp)
+zenflow_async: dev/cuda/zenflow_async.cpp dev/train_gpt2.cpp cpu_adam.o $(HEADERS)
 	$(CXX) $(CXXFLAGS) $< cpu_adam.o -o $@ $(LDLIBS)
 
 bench_cpu_adam: dev/bench_cpu_adam.cpp cpu_adam.o cpu_adam.h
@@ -65,10 +70,10 @@ test_cpu_adam_tsan: dev/test_cpu_adam.cpp cpu_adam.cpp cpu_adam.h
 test_zenflow_tsan: dev/test_zenflow.cpp dev/train_gpt2.cpp cpu_adam.cpp $(HEADERS)
 	$(CXX) $(TSAN_FLAGS) $< cpu_adam.cpp -o $@ $(LDLIBS)
 
-train_gpt2cu: train_gpt2.cu cpu_adam.o $(HEADERS) $(wildcard llmc/*.cuh)
+train_gpt2cu: train_gpt2.cu cpu_adam.o $(HEADERS) zenflow.cuh $(wildcard llmc/*.cuh)
 	$(NVCC) $(NVCCFLAGS) $< cpu_adam.o -o $@ $(NVCC_LDLIBS)
 
-test_gpt2cu: test_gpt2.cu train_gpt2.cu cpu_adam.o $(HEADERS) $(wildcard llmc/*.cuh)
+test_gpt2cu: test_gpt2.cu train_gpt2.cu cpu_adam.o $(HEADERS) zenflow.cuh $(wildcard llmc/*.cuh)
 	$(NVCC) $(NVCCFLAGS) $< cpu_adam.o -o $@ $(NVCC_LDLIBS)
 
 # dev/cuda: one validation + benchmark program per kernel family (built into build/cuda)
@@ -116,6 +121,10 @@ test: deps all $(TSAN_BINS) $(ASAN_BINS) $(FUZZ_BINS) refs
 
 run: deps data all
 	@bash scripts/run.sh $(ARGS)
+
+# the GPU benchmark of the three modes (scripts/bench_zenflow.sh; needs a GPU)
+bench_zenflow: train_gpt2cu
+	bash scripts/bench_zenflow.sh
 
 # cpu_adam vs torch.optim.AdamW vs the memory-bandwidth limit, one table
 bench: deps bench_cpu_adam

@@ -4,7 +4,8 @@ same case directories and the same checks as the CPU test (dev/test_gpt2.cpp):
 
   ./test_gpt2cu <case dir> [<case dir> ...]
 
-Each case directory is written by scripts/make_test_refs.sh and holds:
+Each case directory is written by scripts/make_test_refs.sh; a directory with zenflow.txt
+is a ZenFlow case (see part 4 below), any other holds:
   model.bin   the model (llm.c v3 file)          state.bin   one batch: x, y, logits, loss, grads
   train.bin   the token shard to train on        losses.txt  the reference loss of every step
   case.txt    "B T steps lr wd" of the run
@@ -15,6 +16,23 @@ Checks, each printed with its numbers:
   2. the AdamW loss trajectory over `steps` steps on consecutive batches of train.bin;
   3. determinism: two runs of 3 steps from the same start give bitwise-equal losses and
      parameters (no atomics, one cuBLASLt algorithm per shape).
+  4. ZenFlow (zenflow.cuh through zenflow.h's zf_step), on the zenflow cases (zf_*, from
+     scripts/zenflow_reference.py: model.bin, train.bin, case.txt, zenflow.txt, losses.txt,
+     selections.txt), in both transports (-za cpu and gpu; adamw and offload have one):
+     - the columns chosen at every selection and the loss of every step against the
+       reference (losses 1e-4 absolute, as the AdamW trajectory). Where the selections
+       differ only in columns whose reference scores lie within 1e-4 (relative) of the
+       boundary score, that is reported as a NEAR-TIE and the losses are compared up to
+       that step: two correct implementations sum the scores in different orders and may
+       legitimately pick differently there. (The CPU test uses 1e-5; the GPU's gradients
+       differ from PyTorch's a little more after a few steps, cuBLAS summing in tiles.)
+     - exact invariants (bitwise losses and final parameters) on the first zenflow case:
+       -zo adamw == plain AdamW (gpt2_update); zenflow with U = 1, overlap off and S = 2
+       (moments migrate every other step) == adamw for k = 0.05, 0.1, 0.5 in both
+       transports; offload == adamw; a zenflow run with overlap twice, and again with
+       random delays in the updater thread (ZF_UPDATER_DELAY_US), in both transports;
+       a checkpoint (zf_save_state / zf_load_state) in the middle of a window, resumed,
+       ends where the uninterrupted run ends.
 TF32 is OFF for all of them (plain fp32 matmuls); the TF32 errors are printed for
 information only, since TF32 is the trainer's default.
 
@@ -32,6 +50,13 @@ Any failure makes the exit code 1. The last line is "test_gpt2cu: N passed, M fa
 */
 #define TESTING
 #include "train_gpt2.cu"
+
+#include <limits.h>
+
+#include <algorithm>
+#include <set>
+#include <string>
+#include <vector>
 
 static int g_passed = 0, g_failed = 0;
 
@@ -252,6 +277,327 @@ static void test_determinism(const char* dir) {
     free(params2);
 }
 
+// ----------------------------------------------------------------------------
+// 4. ZenFlow
+
+typedef struct {
+    CaseSettings s;
+    ZfConfig z;
+} ZfCase;
+
+static int is_zenflow_case(const char* dir) {
+    char path[4096];
+    snprintf(path, sizeof(path), "%s/zenflow.txt", dir);
+    return zf_file_size(path) >= 0;
+}
+
+static ZfCase read_zf_case(const char* dir) {
+    ZfCase c;
+    c.s = read_case(dir);
+    char path[4096], mode[32];
+    snprintf(path, sizeof(path), "%s/zenflow.txt", dir);
+    FILE* fp = fopen_check(path, "r");
+    c.z = zf_default_config();
+    if (fscanf(fp, "%31s %lf %d %d %d %d", mode, &c.z.topk, &c.z.update_interval, &c.z.select_interval,
+               &c.z.warmup, &c.z.overlap) != 6) {
+        zf_fail("%s: expected 'mode k U S W overlap'", path);
+    }
+    fclose(fp);
+    if (strcmp(mode, "adamw") == 0) { c.z.mode = ZF_MODE_ADAMW; }
+    else if (strcmp(mode, "offload") == 0) { c.z.mode = ZF_MODE_OFFLOAD; }
+    else { c.z.mode = ZF_MODE_ZENFLOW; }
+    return c;
+}
+
+typedef struct {
+    std::vector<float> losses;
+    std::vector<float> params;  // after the run (and its drain)
+} ZfRun;
+
+// `steps` steps of the case's run with ZenFlow settings z (all of them if steps < 0); the
+// selection log goes to sel_path if not NULL. With save_at > 0 the run stops after that many
+// steps, writes its state (zf_save_state) and parameters, and a second ZenFlow on a fresh
+// model resumes from them (the checkpoint test).
+static ZfRun zf_run(const char* dir, const ZfCase* c, ZfConfig z, int steps, const char* sel_path,
+                    int save_at = 0) {
+    char path[4096];
+    if (steps < 0) { steps = c->s.steps; }
+    snprintf(path, sizeof(path), "%s/model.bin", dir);
+    GPT2 model;
+    gpt2_build(&model, path, 0);
+    snprintf(path, sizeof(path), "%s/train.bin", dir);
+    DataLoader loader;
+    dataloader_init(&loader, path, c->s.B, c->s.T, model.config.vocab_size);
+    ZenFlow zf;
+    ZfCudaDevice dev;
+    zenflow_cuda_init(&zf, &dev, model.params_memory, model.grads_memory, &model.config, z);
+    if (sel_path != NULL) { zf.selection_log = fopen_check(sel_path, "w"); }
+    ZfAdamHyper hyper = {c->s.lr, 0.9f, 0.95f, 1e-8f, c->s.wd};
+    ZfRun out;
+    for (int t = 0; t < steps; t++) {
+        if (save_at > 0 && t == save_at) {  // checkpoint, tear everything down, resume
+            FILE* fp = tmpfile();
+            if (fp == NULL) { zf_fail("tmpfile failed"); }
+            zf_save_state(&zf, fp, "checkpoint test");
+            std::vector<float> params(model.num_parameters);
+            gpt2_copy_params_to_host(&model, params.data());
+            if (zf.selection_log != NULL) { fclose(zf.selection_log); }
+            zenflow_cuda_free(&zf, &dev);
+            gpt2_free(&model);
+            snprintf(path, sizeof(path), "%s/model.bin", dir);
+            gpt2_build(&model, path, 0);
+            cudaCheck(cudaMemcpy(model.params_memory, params.data(), params.size() * sizeof(float),
+                                 cudaMemcpyHostToDevice));
+            zenflow_cuda_init(&zf, &dev, model.params_memory, model.grads_memory, &model.config, z);
+            rewind(fp);
+            zf_load_state(&zf, fp, "checkpoint test");
+            fclose(fp);
+        }
+        dataloader_next_batch(&loader);
+        gpt2_forward(&model, loader.inputs, loader.targets, c->s.B, c->s.T);
+        zf_zero_grads(&zf);
+        gpt2_backward(&model);
+        zf_step(&zf, t, hyper);
+        out.losses.push_back(model.mean_loss);
+    }
+    zf_drain(&zf);
+    out.params.resize(model.num_parameters);
+    gpt2_copy_params_to_host(&model, out.params.data());
+    if (zf.selection_log != NULL) { fclose(zf.selection_log); }
+    zenflow_cuda_free(&zf, &dev);
+    dataloader_free(&loader);
+    gpt2_free(&model);
+    return out;
+}
+
+// one selection of one matrix: its columns and (reference only) all column scores
+typedef struct {
+    int t, matrix;
+    std::vector<int> cols;
+    std::vector<double> scores;
+} Selection;
+
+static std::vector<Selection> read_selections(const char* path) {
+    std::vector<Selection> out;
+    FILE* fp = fopen_check(path, "r");
+    static char line[1 << 20];
+    while (fgets(line, sizeof(line), fp) != NULL) {
+        char* colon = strchr(line, ':');
+        if (colon == NULL || line[0] == '#') { continue; }
+        if (strncmp(line, "sel ", 4) == 0) {
+            Selection s;
+            char name[64];
+            int n;
+            if (sscanf(line, "sel %d %d %63s %d", &s.t, &s.matrix, name, &n) != 4) {
+                zf_fail("%s: bad line %s", path, line);
+            }
+            char* p = colon + 1;
+            for (int i = 0; i < n; i++) { s.cols.push_back((int)strtol(p, &p, 10)); }
+            out.push_back(s);
+        } else if (strncmp(line, "scores ", 7) == 0 && !out.empty()) {
+            char* p = colon + 1;
+            char* end;
+            for (double x = strtod(p, &end); end != p; x = strtod(p, &end)) {
+                out.back().scores.push_back(x);
+                p = end;
+            }
+        }
+    }
+    fclose(fp);
+    return out;
+}
+
+static std::vector<float> read_loss_list(const char* path) {
+    std::vector<float> out;
+    FILE* fp = fopen_check(path, "r");
+    char line[1024];
+    while (fgets(line, sizeof(line), fp) != NULL) {
+        int t;
+        double loss;
+        if (line[0] != '#' && sscanf(line, "%d %lf", &t, &loss) == 2) { out.push_back((float)loss); }
+    }
+    fclose(fp);
+    return out;
+}
+
+#define ZF_NEAR_TIE 1e-4  // relative to the boundary score (see the top of this file)
+
+// compares the selections; returns the first step where they diverge by a near-tie (losses
+// after it are not comparable), or INT_MAX
+static int compare_selections(const std::vector<Selection>& ours, const std::vector<Selection>& ref) {
+    int ok = ours.size() == ref.size(), first_tie = INT_MAX, events = 0;
+    if (!ok) { printf("    selections: %zu ours vs %zu reference\n", ours.size(), ref.size()); }
+    for (size_t i = 0; ok && i < ref.size(); i++) {
+        const Selection &a = ours[i], &r = ref[i];
+        if (a.t != r.t || a.matrix != r.matrix) {
+            ok = 0;
+            break;
+        }
+        events += r.matrix == 0;
+        if (a.cols == r.cols) { continue; }
+        std::vector<double> sorted = r.scores;
+        std::sort(sorted.begin(), sorted.end(), std::greater<double>());
+        size_t n = r.cols.size();
+        double boundary = n > 0 && n <= sorted.size() ? sorted[n - 1] : 0.0;
+        std::set<int> sa(a.cols.begin(), a.cols.end()), sr(r.cols.begin(), r.cols.end());
+        int near = a.cols.size() == n && r.scores.size() > 0;
+        for (int j : sa) {
+            if (!sr.count(j)) { near = near && fabs(r.scores[j] - boundary) <= ZF_NEAR_TIE * boundary; }
+        }
+        for (int j : sr) {
+            if (!sa.count(j)) { near = near && fabs(r.scores[j] - boundary) <= ZF_NEAR_TIE * boundary; }
+        }
+        if (near) {
+            printf("    NEAR-TIE at step %d, matrix %d: the columns differ only where reference scores are "
+                   "within %.0e of the boundary score %.9g; losses compared up to this step\n",
+                   r.t, r.matrix, ZF_NEAR_TIE, boundary);
+            first_tie = std::min(first_tie, r.t);
+        } else {
+            printf("    selection differs at step %d, matrix %d (not a near-tie)\n", r.t, r.matrix);
+            ok = 0;
+        }
+    }
+    printf("    selections: %d events x %d matrices  %s\n", events, events > 0 ? (int)ref.size() / events : 0,
+           ok ? "identical" : "DIFFER");
+    check(ok, "ZenFlow selections differ from the reference");
+    return first_tie;
+}
+
+static void test_zenflow_case(const char* dir) {
+    ZfCase c = read_zf_case(dir);
+    printf("== zenflow case %s: %s k=%g U=%d S=%d W=%d overlap=%d, %d steps (TF32 off)\n", dir,
+           zf_mode_names[c.z.mode], c.z.topk, c.z.update_interval, c.z.select_interval, c.z.warmup,
+           c.z.overlap, c.s.steps);
+    char path[4096];
+    snprintf(path, sizeof(path), "%s/losses.txt", dir);
+    std::vector<float> ref = read_loss_list(path);
+    snprintf(path, sizeof(path), "%s/selections.txt", dir);
+    std::vector<Selection> ref_sel = read_selections(path);
+    int transports = c.z.mode == ZF_MODE_ZENFLOW ? 2 : 1;
+    std::vector<float> by_transport[2];
+    for (int tr = 0; tr < transports; tr++) {
+        ZfConfig z = c.z;
+        z.transport = tr;
+        printf("  -za %s\n", zf_transport_names[tr]);
+        char sel_path[] = "/tmp/zf_gpu_selections_XXXXXX";
+        int fd = mkstemp(sel_path);
+        if (fd < 0) { zf_fail("mkstemp failed"); }
+        close(fd);
+        ZfRun run = zf_run(dir, &c, z, -1, sel_path);
+        int tie_step = compare_selections(read_selections(sel_path), ref_sel);
+        remove(sel_path);
+        check(ref.size() == run.losses.size(), "the reference has a different number of steps");
+        double worst = 0.0;
+        int compared = 0;
+        for (size_t t = 0; t < ref.size() && t < run.losses.size() && (int)t <= tie_step; t++) {
+            double err = fabs((double)run.losses[t] - ref[t]);
+            if (!(err <= worst)) { worst = err; }
+            compared++;
+        }
+        printf("    losses: %d steps compared, first %.6f last %.6f, max |err| vs reference %.3e  %s\n", compared,
+               run.losses.front(), run.losses.back(), worst, worst <= 1e-4 ? "ok" : "FAIL");
+        check(worst <= 1e-4, "ZenFlow losses differ from the reference by more than 1e-4");
+        by_transport[tr] = run.losses;
+    }
+    if (transports == 2) {  // information: the transports round A differently (spec 7)
+        double diff = 0.0;
+        for (size_t t = 0; t < by_transport[0].size() && t < by_transport[1].size(); t++) {
+            diff = std::max(diff, fabs((double)by_transport[0][t] - by_transport[1][t]));
+        }
+        printf("  (info) -za cpu vs -za gpu: max |loss difference| %.3e (%s)\n", diff,
+               diff == 0.0 ? "bitwise equal" : "A is rounded differently, spec 7");
+    }
+}
+
+static int same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+    return a.size() == b.size() && memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+static int same_run(const ZfRun& a, const ZfRun& b) { return same_bits(a.losses, b.losses) && same_bits(a.params, b.params); }
+
+static void report_same(int same, const char* what) {
+    printf("  %-62s %s\n", what, same ? "bitwise" : "DIFFERS");
+    char msg[320];
+    snprintf(msg, sizeof(msg), "%s: not bitwise equal", what);
+    check(same, msg);
+}
+
+static void test_zenflow_invariants(const char* dir) {
+    printf("== ZenFlow exact invariants on %s (losses and final parameters, bit for bit)\n", dir);
+    ZfCase c = read_zf_case(dir);
+    char what[256];
+    // plain AdamW, the independent implementation
+    ZfRun plain;
+    {
+        char path[4096];
+        snprintf(path, sizeof(path), "%s/model.bin", dir);
+        GPT2 model;
+        gpt2_build(&model, path, 0);
+        snprintf(path, sizeof(path), "%s/train.bin", dir);
+        DataLoader loader;
+        dataloader_init(&loader, path, c.s.B, c.s.T, model.config.vocab_size);
+        ZfAdamHyper hyper = {c.s.lr, 0.9f, 0.95f, 1e-8f, c.s.wd};
+        for (int t = 0; t < c.s.steps; t++) {
+            dataloader_next_batch(&loader);
+            gpt2_forward(&model, loader.inputs, loader.targets, c.s.B, c.s.T);
+            gpt2_zero_grad(&model);
+            gpt2_backward(&model);
+            gpt2_update(&model, hyper, t + 1);
+            plain.losses.push_back(model.mean_loss);
+        }
+        plain.params.resize(model.num_parameters);
+        gpt2_copy_params_to_host(&model, plain.params.data());
+        dataloader_free(&loader);
+        gpt2_free(&model);
+    }
+    ZfConfig adamw = zf_default_config();
+    adamw.mode = ZF_MODE_ADAMW;
+    ZfRun ref = zf_run(dir, &c, adamw, -1, NULL);
+    report_same(same_run(ref, plain), "-zo adamw == plain AdamW (gpt2_update)");
+    double ks[3] = {0.05, 0.1, 0.5};
+    for (int tr = 0; tr < 2; tr++) {
+        for (double k : ks) {
+            ZfConfig z = zf_default_config();
+            z.topk = k;
+            z.update_interval = 1;
+            z.overlap = 0;
+            z.select_interval = 2;
+            z.transport = tr;
+            snprintf(what, sizeof(what), "zenflow k=%.2f U=1 S=2 overlap off -za %s == adamw", k, zf_transport_names[tr]);
+            report_same(same_run(zf_run(dir, &c, z, -1, NULL), ref), what);
+        }
+    }
+    ZfConfig off = zf_default_config();
+    off.mode = ZF_MODE_OFFLOAD;
+    report_same(same_run(zf_run(dir, &c, off, -1, NULL), ref), "offload == adamw");
+
+    // determinism of the threaded path, with copies in flight; it must differ from adamw
+    for (int tr = 0; tr < 2; tr++) {
+        ZfConfig z = zf_default_config();
+        z.topk = 0.1;
+        z.update_interval = 3;
+        z.select_interval = 6;
+        z.overlap = 1;
+        z.transport = tr;
+        ZfRun first = zf_run(dir, &c, z, -1, NULL), second = zf_run(dir, &c, z, -1, NULL);
+        setenv("ZF_UPDATER_DELAY_US", "3000", 1);
+        ZfRun delayed = zf_run(dir, &c, z, -1, NULL);
+        unsetenv("ZF_UPDATER_DELAY_US");
+        snprintf(what, sizeof(what), "zenflow U=3 S=6 overlap -za %s, run twice", zf_transport_names[tr]);
+        report_same(same_run(first, second), what);
+        snprintf(what, sizeof(what), "zenflow U=3 S=6 overlap -za %s, with random updater delays", zf_transport_names[tr]);
+        report_same(same_run(first, delayed), what);
+        int differs = !same_bits(first.losses, ref.losses);
+        printf("  %-62s %s\n", "  ... and differs from adamw (the CPU side does something)", differs ? "yes" : "NO");
+        check(differs, "zenflow with U=3 and overlap equals adamw");
+        // checkpoint after step 5: the window closed at step 3 is still pending (applied at
+        // step 6), and a window of 2 steps is open (A in the gradient buffer with -za gpu)
+        ZfRun resumed = zf_run(dir, &c, z, -1, NULL, 5);
+        snprintf(what, sizeof(what), "zenflow -za %s, checkpoint after step 5 and resume", zf_transport_names[tr]);
+        report_same(same_run(first, resumed), what);
+    }
+}
+
 int main(int argc, char* argv[]) {
     char reason[256];
     if (!zf_cuda_device_available(reason, sizeof(reason))) {
@@ -266,8 +612,21 @@ int main(int argc, char* argv[]) {
     printf("device: %s, compute capability %d.%d, %d SMs\n", prop.name, prop.major, prop.minor,
            prop.multiProcessorCount);
     zf_cublas_init(0);  // TF32 off: plain fp32 matmuls
-    for (int i = 1; i < argc; i++) { test_case(argv[i]); }
-    test_determinism(argv[1]);
+    const char* first_plain = NULL;
+    const char* first_zenflow = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (is_zenflow_case(argv[i])) {
+            first_zenflow = first_zenflow ? first_zenflow : argv[i];
+        } else {
+            test_case(argv[i]);
+            first_plain = first_plain ? first_plain : argv[i];
+        }
+    }
+    if (first_plain != NULL) { test_determinism(first_plain); }
+    for (int i = 1; i < argc; i++) {
+        if (is_zenflow_case(argv[i])) { test_zenflow_case(argv[i]); }
+    }
+    if (first_zenflow != NULL) { test_zenflow_invariants(first_zenflow); }
     zf_cublas_free();
     printf("test_gpt2cu: %d passed, %d failed\n", g_passed, g_failed);
     return g_failed == 0 ? 0 : 1;

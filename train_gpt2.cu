@@ -6,9 +6,15 @@ same flags and prints the same step lines, so the two can be compared line by li
 kernels are in llmc/cuda_kernels.cuh (shared with dev/cuda/, where each is tested and
 timed on its own); this file holds the model, the passes, the optimizer step and main.
 
-Memory: parameters, gradients, AdamW moments and activations are fp32 on the GPU, one
-contiguous buffer each; parameters and gradients use the file layout of llmc/gpt2_file.h,
-so "element k of the model" is the same number in every buffer and in every file.
+Memory: parameters, gradients and activations are fp32 on the GPU, one contiguous buffer
+each; parameters and gradients use the file layout of llmc/gpt2_file.h, so "element k of
+the model" is the same number in every buffer and in every file.
+
+The optimizer is ZenFlow's orchestration (zenflow.h, the same code as the CPU trainer's)
+with the CUDA backend in zenflow.cuh: -zo adamw keeps every moment on the GPU, -zo offload
+runs AdamW for every matrix on the CPU, -zo zenflow splits each matrix by columns
+(docs/zenflow_spec.md). gpt2_update below is plain AdamW on every parameter, kept as an
+independent check (test_gpt2cu compares -zo adamw with it bit for bit).
 
 What differs from the CPU trainer, and why:
 - The activations keep only what the backward pass reads (e.g. the softmax `att` but not
@@ -19,8 +25,10 @@ What differs from the CPU trainer, and why:
 - A forward pass with targets turns the logits into dlogits in place (fused classifier), so
   the (B, T, Vp) probabilities are never stored. Read logits after a forward WITHOUT targets.
 - Matmuls go through cuBLASLt, TF32 by default (-f 0 for plain fp32; the test uses fp32).
-- Everything runs on the default stream; the only host waits are the loss copy at the end
-  of a forward pass with targets and the synchronize that closes a timed step.
+- Model kernels run on the default stream; ZenFlow's copies run on two more streams
+  (zenflow.cuh). The host waits for the loss copy at the end of a forward pass with
+  targets, at the end of each step (for the default stream only), and where ZenFlow
+  must wait for its CPU side.
 
 Build (see the Makefile): nvcc -O3 -fmad=false ... -lcublasLt -lcublas. -fmad=false is
 required: without it nvcc fuses multiply-adds and AdamW is no longer spec 3.1 to the bit.
@@ -32,12 +40,14 @@ required: without it nvcc fuses multiply-adds and AdamW is no longer spec 3.1 to
 #include <string.h>
 #include <sys/stat.h>
 
-#include "cpu_adam.h"  // ZfAdamHyper (the CPU optimizer itself is not used by -zo adamw)
+#include "cpu_adam.h"
+#include "llmc/checkpoint.h"
 #include "llmc/cuda_kernels.cuh"
 #include "llmc/dataloader.h"
 #include "llmc/gpt2_file.h"
 #include "llmc/tokenizer.h"
 #include "llmc/utils.h"
+#include "zenflow.cuh"
 
 // ----------------------------------------------------------------------------
 // the model: parameters and gradients (device), in the file layout
@@ -161,8 +171,8 @@ typedef struct {
     ParameterTensors params, grads;  // device pointers into the two buffers below
     float* params_memory;            // (num_parameters) device
     float* grads_memory;             // (num_parameters) device
-    float* adam_m;                   // (num_parameters) device, AdamW first moment
-    float* adam_v;                   // (num_parameters) device, AdamW second moment
+    float* adam_m;                   // (num_parameters) device, gpt2_update's first moment
+    float* adam_v;                   // (num_parameters) device, allocated at its first call
     // activations and scratch, allocated for the largest batch (B, T) seen
     ActivationTensors acts;
     ScratchTensors scratch;
@@ -193,12 +203,8 @@ void gpt2_build(GPT2* model, const char* spec_or_path, uint64_t seed) {
     model->num_parameters = n;
     model->params_memory = cuda_malloc(n * sizeof(float), "parameters");
     model->grads_memory = cuda_malloc(n * sizeof(float), "gradients");
-    model->adam_m = cuda_malloc(n * sizeof(float), "AdamW m");
-    model->adam_v = cuda_malloc(n * sizeof(float), "AdamW v");
     cudaCheck(cudaMemcpy(model->params_memory, host_params, n * sizeof(float), cudaMemcpyHostToDevice));
     cudaCheck(cudaMemset(model->grads_memory, 0, n * sizeof(float)));
-    cudaCheck(cudaMemset(model->adam_m, 0, n * sizeof(float)));
-    cudaCheck(cudaMemset(model->adam_v, 0, n * sizeof(float)));
     free(host_params);
     point_parameters(&model->params, &model->config, model->params_memory);
     point_parameters(&model->grads, &model->config, model->grads_memory);
@@ -399,9 +405,17 @@ void gpt2_backward(GPT2* model) {
 }
 
 // ----------------------------------------------------------------------------
-// optimizer: plain AdamW on every parameter (spec 3.1), weight decay on matrices only
+// plain AdamW on every parameter (spec 3.1), weight decay on matrices only: the training
+// loop uses ZenFlow (zf_step); this is the independent version the test compares it with
 
 void gpt2_update(GPT2* model, ZfAdamHyper h, int step) {
+    if (model->adam_m == NULL) {  // moments start at 0
+        size_t bytes = model->num_parameters * sizeof(float);
+        model->adam_m = cuda_malloc(bytes, "AdamW m");
+        model->adam_v = cuda_malloc(bytes, "AdamW v");
+        cudaCheck(cudaMemset(model->adam_m, 0, bytes));
+        cudaCheck(cudaMemset(model->adam_v, 0, bytes));
+    }
     size_t sizes[NUM_PARAMETER_TENSORS], offset = 0;
     gpt2_param_sizes(&model->config, sizes);
     for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
@@ -479,21 +493,22 @@ static void gpt2_sample(GPT2* model, const Tokenizer* tok, int eot, int steps, u
     free(tokens);
 }
 
-static void print_memory_table(const GPT2* model) {
+// what lives where, for the chosen mode (GPU and host), in MiB
+static void print_memory_table(const GPT2* model, const ZfCudaDevice* dev, const ZenFlow* zf) {
     const double MiB = 1048576.0;
     double params = model->num_parameters * sizeof(float) / MiB;
     double acts = model->num_activations * sizeof(float) / MiB;
     double scratch = model->num_scratch * sizeof(float) / MiB + ZF_CUBLASLT_WORKSPACE_BYTES / MiB;
     size_t free_bytes = 0, total_bytes = 0;
     cudaCheck(cudaMemGetInfo(&free_bytes, &total_bytes));
-    printf("[memory] %-28s %10.1f MiB\n", "parameters", params);
-    printf("[memory] %-28s %10.1f MiB\n", "gradients", params);
-    printf("[memory] %-28s %10.1f MiB\n", "optimizer state (AdamW m, v)", 2 * params);
-    printf("[memory] %-28s %10.1f MiB  (B=%d T=%d)\n", "activations", acts, model->batch_size,
+    printf("[memory] GPU %-34s %10.1f MiB\n", "parameters", params);
+    printf("[memory] GPU %-34s %10.1f MiB\n", "gradients", params);
+    zenflow_cuda_print_memory(dev, zf);
+    printf("[memory] GPU %-34s %10.1f MiB  (B=%d T=%d)\n", "activations", acts, model->batch_size,
            model->seq_len);
-    printf("[memory] %-28s %10.1f MiB  (incl. 32 MiB cuBLASLt workspace)\n", "scratch", scratch);
-    printf("[memory] %-28s %10.1f MiB  (device: %.1f MiB free of %.1f)\n", "total", 4 * params + acts + scratch,
-           free_bytes / MiB, total_bytes / MiB);
+    printf("[memory] GPU %-34s %10.1f MiB  (incl. 32 MiB cuBLASLt workspace)\n", "scratch", scratch);
+    printf("[memory] GPU %-34s %10.1f MiB  (device: %.1f MiB free of %.1f)\n", "in use",
+           (total_bytes - free_bytes) / MiB, free_bytes / MiB, total_bytes / MiB);
 }
 
 static void usage(void) {
@@ -515,25 +530,42 @@ static void usage(void) {
             "  -m <int>    val batches (default 20)\n"
             "  -s <int>    sample every this many steps, 0 = never (default 20)\n"
             "  -g <int>    tokens to generate (default 64)\n"
-            "  -n <int>    write a checkpoint every this many steps, 0 = never (default 0)\n"
+            "  -n <int>    write a checkpoint (model + state) into -o every this many steps, 0 = never\n"
+            "  -y <0|1>    resume from the newest checkpoint in -o (default 0)\n"
             "  -r <int>    random seed for init and sampling (default 1337)\n"
             "  -f <int>    TF32 tensor cores for the matmuls, 0 or 1 (default 1)\n"
             "ZenFlow (docs/zenflow_spec.md):\n"
-            "  -zo <string> optimizer mode: adamw (default; offload and zenflow: issue 5)\n"
-            "  -h          this message\n");
+            "  -zo <string> optimizer mode: adamw | offload | zenflow (default zenflow)\n"
+            "  -zk <float>  topk ratio k: fraction of each matrix's columns on the GPU (default 0.1)\n"
+            "  -zu <int>    update interval U: steps per CPU window (default 4)\n"
+            "  -zs <int>    select interval S: steps between reselections, 0 = once (default 100)\n"
+            "  -zw <int>    warm-up steps W of synchronous offload (default 0)\n"
+            "  -zv <0|1>    overlap the CPU update with training (default 1)\n"
+            "  -za <string> where the window's gradient sum accumulates: cpu (the paper: every step's\n"
+            "               CPU-owned gradients go to the host) | gpu (in the gradient buffer; one copy\n"
+            "               per window) (default cpu)\n"
+            "  -zl <string> write every selection (columns and scores) to this file\n"
+            "  -zm <string> write per-step measurements (CSV: times, stall, PCIe bytes) to this file\n"
+            "  -h          this message\n"
+            "Step line: stall = ms the GPU waited for a copy or the CPU side; pcie = MB ZenFlow moved\n"
+            "both ways; cpu = the last window update's CPU time; moved = columns that changed owner at\n"
+            "the last selection.\n");
 }
 
 int main(int argc, char* argv[]) {
+    setvbuf(stdout, NULL, _IOLBF, 0);  // one line at a time, also into a log file or a pipe
     const char* train_pattern = "data/tinyshakespeare/tiny_shakespeare_train.bin";
     const char* val_pattern = "data/tinyshakespeare/tiny_shakespeare_val.bin";
     const char* model_spec = "d4c256h4";
     const char* tokenizer_path = "data/gpt2_tokenizer.bin";
     const char* output_dir = NULL;
-    const char* optimizer = "adamw";
     int B = 4, T = 64, steps = 20, val_every = 20, val_batches = 20, sample_every = 20;
-    int gen_tokens = 64, checkpoint_every = 0, use_tf32 = 1;
+    int gen_tokens = 64, checkpoint_every = 0, resume = 0, use_tf32 = 1;
     float lr = 3e-4f, weight_decay = 0.0f;
     long seed = 1337;
+    ZfConfig zcfg = zf_default_config();
+    const char* selection_log = NULL;
+    const char* metrics_path = NULL;
     for (int i = 1; i < argc; i += 2) {
         const char* flag = argv[i];
         if (strcmp(flag, "-h") == 0) { usage(); return 0; }
@@ -543,19 +575,35 @@ int main(int argc, char* argv[]) {
         }
         if (i + 1 >= argc) { zf_fail("flag %s needs a value", flag); }
         const char* val = argv[i + 1];
-        if (len == 3) {  // the CPU trainer's -z<letter> (ZenFlow) and -t<letter> (trace) flags
-            if (strcmp(flag, "-zo") != 0) {
-                zf_fail("flag %s: not implemented yet in the CUDA trainer (ZenFlow and its trace come "
-                        "with issue 5) (hint: the CPU trainer has it)", flag);
+        if (len == 3 && flag[1] == 't') {
+            zf_fail("flag %s: the timeline trace is not implemented in the CUDA trainer (hint: the "
+                    "CPU trainer has it; -zm writes per-step measurements)", flag);
+        }
+        if (len == 3) {  // ZenFlow's flags, -z<letter>, as in the CPU trainer
+            switch (flag[2]) {
+                case 'o':
+                    if (strcmp(val, "adamw") == 0) { zcfg.mode = ZF_MODE_ADAMW; }
+                    else if (strcmp(val, "offload") == 0) { zcfg.mode = ZF_MODE_OFFLOAD; }
+                    else if (strcmp(val, "zenflow") == 0) { zcfg.mode = ZF_MODE_ZENFLOW; }
+                    else { zf_fail("flag -zo: '%s' is not a mode (adamw, offload or zenflow)", val); }
+                    break;
+                case 'k': zcfg.topk = zf_parse_double(flag, val, 0.0, 1.0); break;
+                case 'u': zcfg.update_interval = (int)zf_parse_int(flag, val, 1, 1 << 20); break;
+                case 's': zcfg.select_interval = (int)zf_parse_int(flag, val, 0, 1 << 30); break;
+                case 'w': zcfg.warmup = (int)zf_parse_int(flag, val, 0, 1 << 30); break;
+                case 'v': zcfg.overlap = (int)zf_parse_int(flag, val, 0, 1); break;
+                case 'a':
+                    if (strcmp(val, "cpu") == 0) { zcfg.transport = ZF_ACC_CPU; }
+                    else if (strcmp(val, "gpu") == 0) { zcfg.transport = ZF_ACC_GPU; }
+                    else { zf_fail("flag -za: '%s' is not a transport (cpu or gpu)", val); }
+                    break;
+                case 'l': selection_log = val; break;
+                case 'm': metrics_path = val; break;
+                case 'd':
+                    zf_fail("flag -zd: per-step column scores are not implemented in the CUDA trainer "
+                            "(hint: the CPU trainer has it)");
+                default: zf_fail("unknown flag %s (hint: -h lists the flags)", flag);
             }
-            if (strcmp(val, "offload") == 0 || strcmp(val, "zenflow") == 0) {
-                zf_fail("flag -zo: '%s' is not implemented yet in the CUDA trainer (issue 5) (hint: -zo "
-                        "adamw, or the CPU trainer)", val);
-            }
-            if (strcmp(val, "adamw") != 0) {
-                zf_fail("flag -zo: '%s' is not a mode (adamw, offload or zenflow)", val);
-            }
-            optimizer = val;
             continue;
         }
         switch (flag[1]) {
@@ -576,13 +624,25 @@ int main(int argc, char* argv[]) {
             case 'n': checkpoint_every = (int)zf_parse_int(flag, val, 0, 1 << 30); break;
             case 'r': seed = zf_parse_int(flag, val, 0, 1L << 62); break;
             case 'f': use_tf32 = (int)zf_parse_int(flag, val, 0, 1); break;
+            case 'y': resume = (int)zf_parse_int(flag, val, 0, 1); break;
             default: zf_fail("unknown flag %s (hint: -h lists the flags)", flag);
         }
     }
     if (checkpoint_every > 0 && output_dir == NULL) {
         zf_fail("flag -n: checkpoints need an output directory (hint: add -o <dir>)");
     }
+    if (resume && output_dir == NULL) {
+        zf_fail("flag -y: resuming needs the output directory of the run (hint: add -o <dir>)");
+    }
     if ((long long)B * T > (1LL << 30)) { zf_fail("flags -b, -t: B*T=%lld is too large", (long long)B * T); }
+    int start_step = resume ? newest_checkpoint(output_dir) : -1;
+    char resume_model[4096];
+    if (start_step >= 0) {  // the model comes from the checkpoint, not from -e
+        snprintf(resume_model, sizeof(resume_model), "%s/model_%08d.bin", output_dir, start_step);
+        model_spec = resume_model;
+    } else if (resume) {
+        printf("no checkpoint in %s yet: starting from scratch\n", output_dir);
+    }
 
     cudaDeviceProp prop = zf_cuda_init_device();
     printf("[device] %s, compute capability %d.%d, %d SMs, %.1f GiB\n", prop.name, prop.major, prop.minor,
@@ -598,7 +658,6 @@ int main(int argc, char* argv[]) {
            model.num_parameters, model.num_parameters / 1e6);
     printf("[run] B=%d T=%d steps=%d lr=%g wd=%g tf32=%s\n", B, T, steps, lr, weight_decay,
            use_tf32 ? "on" : "off");
-    printf("[optimizer] %s: every parameter and its moments on the GPU\n", optimizer);
 
     DataLoader train_loader, val_loader;
     dataloader_init(&train_loader, train_pattern, B, T, cfg->vocab_size);
@@ -606,8 +665,18 @@ int main(int argc, char* argv[]) {
     Tokenizer tokenizer;
     tokenizer_init(&tokenizer, tokenizer_path);
 
+    ZenFlow zf;
+    ZfCudaDevice device;
+    zenflow_cuda_init(&zf, &device, model.params_memory, model.grads_memory, cfg, zcfg);
+    zcfg = zf.cfg;  // as the mode sets it
+    if (selection_log != NULL) { zf.selection_log = fopen_check(selection_log, "w"); }
+    printf("[optimizer] %s: topk %g, update interval %d, select interval %d, warm-up %d, overlap %s, "
+           "accumulation on the %s\n", zf_mode_names[zcfg.mode], zcfg.topk, zcfg.update_interval,
+           zcfg.select_interval, zcfg.warmup, zcfg.overlap ? "on" : "off", zf_transport_names[zcfg.transport]);
+    printf("[optimizer] matrix elements M = %zu: the CPU owns %zu after the first selection, the GPU %zu\n",
+           zf.matrix_elems, zf.cpu_capacity, zf.gpu_capacity);
     gpt2_allocate(&model, B, T);
-    print_memory_table(&model);
+    print_memory_table(&model, &device, &zf);
 
     FILE* logfile = NULL;
     if (output_dir != NULL) {
@@ -616,16 +685,29 @@ int main(int argc, char* argv[]) {
         }
         char path[4096];
         snprintf(path, sizeof(path), "%s/main.log", output_dir);
-        logfile = fopen_check(path, "w");
+        logfile = fopen_check(path, start_step >= 0 ? "a" : "w");
+    }
+    FILE* metrics = NULL;
+    if (metrics_path != NULL) {
+        metrics = fopen_check(metrics_path, "w");
+        fprintf(metrics, "step,loss,ms,gpu_ms,compute_ms,stall_ms,cpu_ms,d2h_bytes,h2d_bytes,window_update_ms\n");
     }
 
     ZfAdamHyper hyper = {lr, 0.9f, 0.95f, 1e-8f, weight_decay};
     uint64_t rng = (uint64_t)seed * 0x9E3779B97F4A7C15ull + 7;
     float* host_params = NULL;  // for checkpoints
+    if (start_step >= 0) {
+        read_checkpoint_state(output_dir, start_step, &zf, &train_loader, &rng);
+        printf("resumed from the checkpoint of step %d in %s\n", start_step, output_dir);
+    }
 
-    for (int step = 0; step <= steps; step++) {
+    for (int step = start_step >= 0 ? start_step : 0; step <= steps; step++) {
         int last = step == steps;
-        if (val_every > 0 && (step % val_every == 0 || last)) {
+        if (last) { zf_drain(&zf); }  // spec 4.7: what follows must see the final weights
+        // a resumed run continues with the step after its checkpoint: the evaluation,
+        // sample and checkpoint of this step happened before it was written
+        int fresh = step != start_step;
+        if (fresh && val_every > 0 && (step % val_every == 0 || last)) {
             dataloader_reset(&val_loader);
             float val_loss = 0.0f;
             for (int i = 0; i < val_batches; i++) {
@@ -637,35 +719,48 @@ int main(int argc, char* argv[]) {
             printf("step %d/%d | val loss %f\n", step, steps, val_loss);
             if (logfile) { fprintf(logfile, "s:%d tel:%f\n", step, val_loss); fflush(logfile); }
         }
-        if (sample_every > 0 && step > 0 && (step % sample_every == 0 || last)) {
+        if (fresh && sample_every > 0 && step > 0 && (step % sample_every == 0 || last)) {
             gpt2_sample(&model, &tokenizer, tokenizer.init_ok ? tokenizer.eot_token : cfg->vocab_size - 1,
                         gen_tokens, &rng);
         }
-        if (checkpoint_every > 0 && step > 0 && (step % checkpoint_every == 0 || last)) {
+        if (fresh && checkpoint_every > 0 && step > 0 && (step % checkpoint_every == 0 || last)) {
             if (host_params == NULL) { host_params = (float*)malloc_check(model.num_parameters * sizeof(float)); }
-            gpt2_copy_params_to_host(&model, host_params);
-            char path[4096];
-            snprintf(path, sizeof(path), "%s/model_%08d.bin", output_dir, step);
-            gpt2_write_model(path, cfg, host_params);
-            printf("wrote %s\n", path);
+            gpt2_copy_params_to_host(&model, host_params);  // the working copy
+            write_checkpoint(output_dir, step, cfg, host_params, &zf, &train_loader, rng);
         }
         if (last) { break; }
 
         double t0 = zf_now_ms();
+        zf_cuda_step_begin(&device, &zf);
         dataloader_next_batch(&train_loader);
         gpt2_forward(&model, train_loader.inputs, train_loader.targets, B, T);
-        gpt2_zero_grad(&model);
+        if (!isfinite(model.mean_loss)) {
+            zf_fail("step %d: the loss is %f (hint: lower the learning rate -l)", step + 1, model.mean_loss);
+        }
+        zf_zero_grads(&zf);  // all of it, or with -za gpu inside a window only the GPU's part
         gpt2_backward(&model);
-        gpt2_update(&model, hyper, step + 1);
-        cudaCheck(cudaDeviceSynchronize());  // the step is done when the GPU is
+        zf_step(&zf, step, hyper);
+        ZfStepStats st = zf_cuda_step_end(&device, &zf);  // waits for the default stream
         double ms = zf_now_ms() - t0;
-        printf("step %d/%d | loss %f | %.1f ms | %.0f tok/s\n", step + 1, steps, model.mean_loss, ms,
-               B * T / (ms / 1e3));
+        printf("step %d/%d | loss %f | %.1f ms | %.0f tok/s | stall %.1f ms | pcie %.1f MB", step + 1, steps,
+               model.mean_loss, ms, B * T / (ms / 1e3), st.stall_ms, (st.d2h_bytes + st.h2d_bytes) / 1e6);
+        if (zcfg.mode != ZF_MODE_ADAMW) { printf(" | cpu %.1f ms", zf.cpu_update_ms); }
+        if (zcfg.mode == ZF_MODE_ZENFLOW) { printf(" | moved %d", zf.moved_columns); }
+        printf("\n");
         if (logfile) { fprintf(logfile, "s:%d trl:%f\n", step + 1, model.mean_loss); fflush(logfile); }
+        if (metrics) {
+            fprintf(metrics, "%d,%.6f,%.3f,%.3f,%.3f,%.3f,%.3f,%.0f,%.0f,%.3f\n", step + 1, model.mean_loss, ms,
+                    st.gpu_ms, st.compute_ms, st.stall_ms, st.cpu_ms, st.d2h_bytes, st.h2d_bytes,
+                    zf.cpu_update_ms);
+            fflush(metrics);
+        }
     }
 
     if (logfile) { fclose(logfile); }
+    if (metrics) { fclose(metrics); }
+    if (zf.selection_log != NULL) { fclose(zf.selection_log); }
     free(host_params);
+    zenflow_cuda_free(&zf, &device);
     tokenizer_free(&tokenizer);
     dataloader_free(&train_loader);
     dataloader_free(&val_loader);

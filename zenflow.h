@@ -80,8 +80,9 @@ static inline ZfConfig zf_default_config(void) {
 // the three modes are settings of one design (spec 2); with U = 1 both transports move the
 // same bytes, so the baselines always use the paper's
 static inline ZfConfig zf_effective_config(ZfConfig c) {
-    if (c.mode == ZF_MODE_ADAMW) { c.topk = 1.0; c.update_interval = 1; c.overlap = 0; c.warmup = 0; }
-    if (c.mode == ZF_MODE_OFFLOAD) { c.topk = 0.0; c.update_interval = 1; c.overlap = 0; c.warmup = 0; }
+    // (S = 0: with k = 1 or k = 0 a reselection could only pick the same columns again)
+    if (c.mode == ZF_MODE_ADAMW) { c.topk = 1.0; c.update_interval = 1; c.select_interval = 0; c.overlap = 0; c.warmup = 0; }
+    if (c.mode == ZF_MODE_OFFLOAD) { c.topk = 0.0; c.update_interval = 1; c.select_interval = 0; c.overlap = 0; c.warmup = 0; }
     if (c.mode != ZF_MODE_ZENFLOW) { c.transport = ZF_ACC_CPU; }
     return c;
 }

@@ -958,6 +958,7 @@ static void usage(void) {
             "  -zs <int>    select interval S: steps between reselections, 0 = once (default 100)\n"
             "  -zw <int>    warm-up steps W of synchronous offload (default 0)\n"
             "  -zv <0|1>    overlap the CPU update with training (default 1)\n"
+            "  -za <string> where the window's gradients accumulate: cpu | gpu (spec 7, default cpu)\n"
             "  -zl <string> write every selection (columns and scores) to this file\n"
             "  -zd <string> write every step's column scores to this file (locality study)\n"
             "Timeline (a Chrome trace-event file for Perfetto / chrome://tracing):\n"
@@ -1014,6 +1015,11 @@ int main(int argc, char* argv[]) {
                 case 's': zcfg.select_interval = (int)zf_parse_int(flag, val, 0, 1 << 30); break;
                 case 'w': zcfg.warmup = (int)zf_parse_int(flag, val, 0, 1 << 30); break;
                 case 'v': zcfg.overlap = (int)zf_parse_int(flag, val, 0, 1); break;
+                case 'a':
+                    if (strcmp(val, "cpu") == 0) { zcfg.transport = ZF_ACC_CPU; }
+                    else if (strcmp(val, "gpu") == 0) { zcfg.transport = ZF_ACC_GPU; }
+                    else { zf_fail("flag -za: '%s' is not a transport (cpu or gpu)", val); }
+                    break;
                 case 'l': selection_log = val; break;
                 case 'd': scores_path = val; break;
                 default: zf_fail("unknown flag %s (hint: -h lists the flags)", flag);
@@ -1090,8 +1096,9 @@ int main(int argc, char* argv[]) {
     zcfg = zf.cfg;  // as the mode sets it
     if (selection_log != NULL) { zf.selection_log = fopen_check(selection_log, "w"); }
     printf("[optimizer] %s: topk %g, update interval %d, select interval %d, warm-up %d, overlap "
-           "%s\n", zf_mode_names[zcfg.mode], zcfg.topk, zcfg.update_interval, zcfg.select_interval,
-           zcfg.warmup, zcfg.overlap ? "on" : "off");
+           "%s, accumulation on the %s\n", zf_mode_names[zcfg.mode], zcfg.topk,
+           zcfg.update_interval, zcfg.select_interval, zcfg.warmup, zcfg.overlap ? "on" : "off",
+           zf_transport_names[zcfg.transport]);
     printf("[memory] CPU side (master, m, v, 2 accumulators, staging, 2 scratch) %.1f MiB, "
            "GPU-side moments %.1f MiB (their share in zenflow.cuh's packed layout)\n",
            8.0 * zf.cpu_capacity * 4 / 1048576.0,
@@ -1155,7 +1162,7 @@ int main(int argc, char* argv[]) {
         }
         double t1 = zf_now_ms();
         trace_event(TRACE_COMPUTE, "forward", t0, t1);
-        gpt2_zero_grad(&model);
+        zf_zero_grads(&zf);  // all of it, or with -za gpu only what the window does not accumulate
         gpt2_backward(&model, B, T);
         trace_event(TRACE_COMPUTE, "backward", t1, zf_now_ms());
         if (scores_file != NULL) { scores_write(scores_file, &zf, step); }

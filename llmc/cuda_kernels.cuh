@@ -90,11 +90,17 @@ static inline int zf_cuda_device_available(char* reason, size_t size) {
     return 1;
 }
 
-// picks device 0 or fails with one line; returns its properties
+// picks device 0 or fails with one line; returns its properties. Host threads that wait for
+// the GPU sleep instead of spinning (blocking sync): ZenFlow's CPU optimizer runs an OpenMP
+// team on every core meanwhile, and a spinning thread would halve the speed of one of them
+// (a static schedule waits for its slowest thread). A wake-up costs microseconds.
 static inline cudaDeviceProp zf_cuda_init_device(void) {
     char reason[256];
     if (!zf_cuda_device_available(reason, sizeof(reason))) {
         zf_fail("no CUDA device (%s)", reason);
+    }
+    if (cudaSetDeviceFlags(cudaDeviceScheduleBlockingSync) != cudaSuccess) {
+        cudaGetLastError();  // already initialized by the caller: keep its setting
     }
     cudaCheck(cudaSetDevice(0));
     cudaDeviceProp prop;

@@ -1,16 +1,23 @@
 #!/usr/bin/env bash
-# The one script a lent GPU (an H200) runs for the CUDA trainer (issue 4):
+# The one script a lent GPU (an H200) runs for the CUDA trainer (issue 4) and ZenFlow on the
+# GPU (issue 5):
 #
 #   bash scripts/gpu_check.sh <logdir>
 #
 # 1. builds train_gpt2cu, test_gpt2cu and dev/cuda for sm_90 (in parallel, into build/gpu_check)
-# 2. finds the PyTorch reference cases (dev/test/ref/*/state.bin); if there are none, tries
-#    scripts/make_test_refs.sh (needs /usr/bin/python3 with torch, often absent on GPU images)
-# 3. runs test_gpt2cu on them (TF32 off, strict fp32 tolerances, determinism)
-# 4. runs every dev/cuda program (validation against the CPU references, then timings)
-# 5. benchmarks GPT-2 124M (d12, random init), T=1024: B=4 and B=16 with TF32, B=4 in fp32;
-#    12 steps each, on tinyshakespeare if data/tinyshakespeare/*.bin exist, else on a
-#    synthetic shard of random tokens written here (no network needed)
+# 2. finds the PyTorch reference cases (dev/test/ref/*/state.bin, and the ZenFlow cases
+#    dev/test/ref/zf_*/zenflow.txt); if there are none, tries scripts/make_test_refs.sh
+#    (needs /usr/bin/python3 with torch, often absent on GPU images)
+# 3. runs test_gpt2cu on them (TF32 off, strict fp32 tolerances, determinism; ZenFlow in
+#    every mode and both transports against the reference, its exact invariants), and
+#    scripts/test_resume.py on train_gpt2cu (checkpoints, resume, SIGKILLs)
+# 4. runs every dev/cuda program (validation against the CPU references, then timings),
+#    including zenflow (the GPU backend's primitives) and the two CPU-only ZenFlow checks
+# 5. benchmarks ZenFlow: scripts/bench_zenflow.sh --quick (d12 and d48, adamw / offload /
+#    zenflow with both transports; its table is appended to the summary), then, if time
+#    remains, GPT-2 124M (d12, random init, -zo adamw), T=1024: B=4 and B=16 with TF32, B=4
+#    in fp32; 12 steps each, on tinyshakespeare if data/tinyshakespeare/*.bin exist, else on
+#    a synthetic shard of random tokens written here (no network needed)
 # Prints a summary table LAST (also $LOGDIR/summary.md); every log is under <logdir>.
 #
 # Benchmark numbers: ms/step = median of steps 3..12 (steps 1-2 are warm-up: cuBLASLt
@@ -20,8 +27,9 @@
 # (q.k and att.v, 2*T*C flops each per token and layer forward, x3 for the backward), full
 # T x T since the kernels compute the masked half too.
 #
-# Exit status: 0 if no stage FAILed. Finishes in about 2-3 minutes on an H200; each stage
-# has a timeout and the whole script stops starting new stages after 5 minutes.
+# Exit status: 0 if no stage FAILed. Meant to finish within 6 minutes on an H200: each stage
+# has a timeout, the whole script stops starting new stages after 5 minutes, and the ZenFlow
+# benchmark stops starting runs when its share of that is used up.
 set -u
 
 if [ $# -ne 1 ]; then
@@ -38,8 +46,9 @@ NVCC=${NVCC:-nvcc}
 ARCH="-gencode arch=compute_90,code=sm_90"
 # -fmad=false / -ffp-contract=off: no fused multiply-add (AdamW is spec 3.1 to the bit);
 # never --use_fast_math
-NVCCFLAGS="-O3 -std=c++17 -fmad=false $ARCH -Xcompiler -Wall -Xcompiler -ffp-contract=off"
-LIBS="-lcublasLt -lcublas"
+NVCCFLAGS="-O3 -std=c++17 -fmad=false $ARCH -Xcompiler -Wall -Xcompiler -ffp-contract=off -Xcompiler -fopenmp"
+LIBS="-lcublasLt -lcublas -lgomp -lpthread"
+CXX=${CXX:-g++}
 BUILD=build/gpu_check
 mkdir -p "$BUILD"
 
@@ -103,11 +112,15 @@ record "device" INFO "$DEVICE"
 # 1. builds, in parallel
 
 build_started=$(date +%s)
+# the CPU side of ZenFlow (cpu_adam.cpp: AdamW and the updater thread), as the Makefile builds it
+run_logged "$LOGDIR/build_cpu_adam.log" 120 \
+    "$CXX" -O3 -march=native -std=c++17 -fopenmp -ffp-contract=off -Wall -c cpu_adam.cpp -o "$BUILD/cpu_adam.o"
+rc_cpu_adam=$?
 run_logged "$LOGDIR/build_train_gpt2cu.log" 300 \
-    "$NVCC" $NVCCFLAGS train_gpt2.cu -o "$BUILD/train_gpt2cu" $LIBS &
+    "$NVCC" $NVCCFLAGS train_gpt2.cu "$BUILD/cpu_adam.o" -o "$BUILD/train_gpt2cu" $LIBS &
 pid_train=$!
 run_logged "$LOGDIR/build_test_gpt2cu.log" 300 \
-    "$NVCC" $NVCCFLAGS test_gpt2.cu -o "$BUILD/test_gpt2cu" $LIBS &
+    "$NVCC" $NVCCFLAGS test_gpt2.cu "$BUILD/cpu_adam.o" -o "$BUILD/test_gpt2cu" $LIBS &
 pid_test=$!
 build_dev_cuda() {  # with dev/cuda/Makefile, or nvcc directly where there is no make
     if command -v make >/dev/null; then
@@ -119,18 +132,27 @@ build_dev_cuda() {  # with dev/cuda/Makefile, or nvcc directly where there is no
             "$NVCC" $NVCCFLAGS "dev/cuda/$p.cu" -o "$BUILD/cuda/$p" $LIBS &
             pids+=($!)
         done
+        "$NVCC" $NVCCFLAGS dev/cuda/zenflow.cu cpu_adam.cpp -o "$BUILD/cuda/zenflow" $LIBS &
+        pids+=($!)
+        "$NVCC" -O2 -std=c++17 -Xcompiler -fopenmp,-ffp-contract=off dev/cuda/zenflow_host.cu cpu_adam.cpp \
+            -o "$BUILD/cuda/zenflow_host" -lgomp -lpthread &
+        pids+=($!)
+        "$CXX" -O3 -march=native -std=c++17 -fopenmp -ffp-contract=off dev/cuda/zenflow_async.cpp cpu_adam.cpp \
+            -o "$BUILD/cuda/zenflow_async" -lpthread -lm &
+        pids+=($!)
         for p in "${pids[@]}"; do wait "$p" || rc=1; done
         return $rc
     fi
 }
 export -f build_dev_cuda  # so that timeout can run it through bash
-export NVCC NVCCFLAGS LIBS BUILD ARCH
+export NVCC NVCCFLAGS LIBS BUILD ARCH CXX
 run_logged "$LOGDIR/build_dev_cuda.log" 300 bash -c build_dev_cuda &
 pid_dev=$!
 wait $pid_train; rc_train=$?
 wait $pid_test; rc_test=$?
 wait $pid_dev; rc_dev=$?
 build_s=$(( $(date +%s) - build_started ))
+[ $rc_cpu_adam -ne 0 ] && rc_train=$rc_cpu_adam && rc_test=$rc_cpu_adam  # they link it
 record "build train_gpt2cu" "$(status_word $rc_train)" "$(timeout_note $rc_train) (${build_s}s for all builds)"
 record "build test_gpt2cu" "$(status_word $rc_test)" "$(timeout_note $rc_test)"
 record "build dev/cuda" "$(status_word $rc_dev)" "$(timeout_note $rc_dev)"
@@ -141,18 +163,22 @@ record "build dev/cuda" "$(status_word $rc_dev)" "$(timeout_note $rc_dev)"
 
 find_cases() {
     CASES=()
+    ZF_CASES=()  # ZenFlow cases: zenflow.txt and selections.txt instead of state.bin
     local d
     for d in dev/test/ref/*/; do
         d=${d%/}
         if [ -f "$d/state.bin" ] && [ -f "$d/case.txt" ] && [ -f "$d/model.bin" ] && [ -f "$d/train.bin" ] \
            && [ -f "$d/losses.txt" ]; then
             CASES+=("$d")
+        elif [ -f "$d/zenflow.txt" ] && [ -f "$d/selections.txt" ] && [ -f "$d/case.txt" ] \
+             && [ -f "$d/model.bin" ] && [ -f "$d/train.bin" ] && [ -f "$d/losses.txt" ]; then
+            ZF_CASES+=("$d")
         fi
     done
 }
 find_cases
 if [ ${#CASES[@]} -gt 0 ]; then
-    record "test refs" PASS "shipped: ${CASES[*]}"
+    record "test refs" PASS "shipped: ${CASES[*]} ${ZF_CASES[*]:-(no zenflow cases)}"
 elif out_of_time; then
     record "test refs" SKIPPED "out of time"
 elif [ ! -f scripts/make_test_refs.sh ]; then
@@ -174,7 +200,7 @@ else
         rc=$?
         find_cases
         if [ $rc -eq 0 ] && [ ${#CASES[@]} -gt 0 ]; then
-            record "test refs" PASS "generated here with $PY: ${CASES[*]}"
+            record "test refs" PASS "generated here with $PY: ${CASES[*]} ${ZF_CASES[*]:-}"
         else
             record "test refs" FAIL "make_test_refs.sh with $PY: $(timeout_note $rc); cases written: ${CASES[*]:-none}"
         fi
@@ -191,7 +217,7 @@ elif [ ${#CASES[@]} -eq 0 ]; then
 elif out_of_time; then
     record "test_gpt2cu" SKIPPED "out of time"
 else
-    run_logged "$LOGDIR/test_gpt2cu.log" 180 "$BUILD/test_gpt2cu" "${CASES[@]}"
+    run_logged "$LOGDIR/test_gpt2cu.log" 240 "$BUILD/test_gpt2cu" "${CASES[@]}" "${ZF_CASES[@]}"
     rc=$?
     last=$(tail -1 "$LOGDIR/test_gpt2cu.log")
     if grep -q "SKIPPED" <<<"$last"; then
@@ -201,10 +227,32 @@ else
     fi
 fi
 
+# checkpoints of the CUDA trainer (model + ZenFlow state, shared with the CPU trainer):
+# resumed runs, and SIGKILLs at random moments, must end bit for bit where a straight run ends
+if [ $rc_train -ne 0 ]; then
+    record "resume train_gpt2cu" SKIPPED "build failed"
+elif [ ! -f dev/test/ref/tiny/model.bin ]; then
+    record "resume train_gpt2cu" SKIPPED "no dev/test/ref/tiny"
+elif ! command -v python3 >/dev/null; then
+    record "resume train_gpt2cu" SKIPPED "no python3"
+elif out_of_time; then
+    record "resume train_gpt2cu" SKIPPED "out of time"
+else
+    run_logged "$LOGDIR/resume_train_gpt2cu.log" 150 python3 scripts/test_resume.py "$BUILD/train_gpt2cu" \
+        dev/test/ref/tiny --kills 3
+    rc=$?
+    record "resume train_gpt2cu" "$(status_word $rc)" "$(tail -1 "$LOGDIR/resume_train_gpt2cu.log") $(timeout_note $rc)"
+fi
+
 # ----------------------------------------------------------------------------
 # 4. dev/cuda, one row per program
 
-for p in encoder layernorm attention gelu residual classifier adamw matmul; do
+for p in zenflow zenflow_host zenflow_async encoder layernorm attention gelu residual classifier adamw matmul; do
+    args=()
+    if [ $p = zenflow_async ]; then  # CPU only: zenflow.h's copies landing late or early, -za gpu
+        args=("${ZF_CASES[@]}")
+        if [ ${#ZF_CASES[@]} -eq 0 ]; then record "dev/cuda $p" SKIPPED "no zenflow reference cases"; continue; fi
+    fi
     if [ $rc_dev -ne 0 ] && [ ! -x "$BUILD/cuda/$p" ]; then
         record "dev/cuda $p" SKIPPED "build failed"
         continue
@@ -213,7 +261,7 @@ for p in encoder layernorm attention gelu residual classifier adamw matmul; do
         record "dev/cuda $p" SKIPPED "out of time"
         continue
     fi
-    run_logged "$LOGDIR/dev_cuda_$p.log" 120 "$BUILD/cuda/$p"
+    run_logged "$LOGDIR/dev_cuda_$p.log" 120 "$BUILD/cuda/$p" "${args[@]}"
     rc=$?
     last=$(tail -1 "$LOGDIR/dev_cuda_$p.log")
     if grep -q "SKIPPED" <<<"$last"; then
@@ -266,7 +314,7 @@ bench() {  # bench NAME SLUG B TF32 (SLUG names the log file)
     if [ $rc_train -ne 0 ]; then record "bench $name" SKIPPED "build failed"; return; fi
     if out_of_time; then record "bench $name" SKIPPED "out of time"; return; fi
     run_logged "$log" 150 "$BUILD/train_gpt2cu" -e d12 -b "$B" -t "$T" -x $steps -v 0 -s 0 -f "$tf32" \
-        -i "$TRAIN" -j "$VAL"
+        -i "$TRAIN" -j "$VAL" -zo adamw
     local rc=$?
     if [ $rc -ne 0 ] && grep -q "no CUDA device" "$log"; then
         record "bench $name" SKIPPED "$(tail -1 "$log")"
@@ -291,6 +339,40 @@ bench() {  # bench NAME SLUG B TF32 (SLUG names the log file)
         printf "%.1f ms/step  %.0f tok/s  %.1f TFLOP/s", ms, tok / (ms / 1e3), flops / (ms / 1e3) / 1e12 }')
     record "bench $name" PASS "$line (final loss $loss)"
 }
+# ZenFlow (issue 5): the modes side by side, d12 and d48; it stops starting runs in time
+ZF_BENCH_MD=""
+if [ $rc_train -ne 0 ]; then
+    record "bench zenflow" SKIPPED "build failed"
+elif out_of_time; then
+    record "bench zenflow" SKIPPED "out of time"
+else
+    left=$(( BUDGET_S - ($(date +%s) - START) ))
+    run_logged "$LOGDIR/bench_zenflow.log" $(( left + 60 )) bash scripts/bench_zenflow.sh --quick \
+        --bin "$BUILD/train_gpt2cu" --out "$BUILD/bench_zenflow" --budget $(( left > 30 ? left - 30 : 1 ))
+    rc=$?
+    cp "$BUILD/bench_zenflow/bench_zenflow.csv" "$BUILD/bench_zenflow/bench_zenflow.md" "$LOGDIR/" 2>/dev/null
+    mkdir -p "$LOGDIR/bench_zenflow_logs" && cp "$BUILD"/bench_zenflow/logs/* "$LOGDIR/bench_zenflow_logs/" 2>/dev/null
+    ZF_BENCH_MD="$LOGDIR/bench_zenflow.md"
+    if [ -f "$BUILD/bench_zenflow/results.txt" ]; then
+        while read -r model mode rest; do
+            set -- $rest
+            if [ "$1" = SKIPPED ]; then
+                record "bench zenflow $model $mode" SKIPPED "${2:-}"
+            elif [ "$1" = FAILED ]; then
+                record "bench zenflow $model $mode" FAIL "${2:-}"
+            else  # ms compute stall cpu d2h h2d opt M n
+                record "bench zenflow $model $mode" PASS "$(awk -v ms="$1" -v st="$3" -v d="$5" -v h="$6" -v o="$7" \
+                    'BEGIN { printf "%.1f ms/step, stall %.1f ms (%.1f%%), PCIe %.0f MB down %.0f MB up, opt state %.0f MiB", ms, st, 100 * st / ms, d, h, o }')"
+            fi
+        done <"$BUILD/bench_zenflow/results.txt"
+    fi
+    if grep -q "SKIPPED" "$LOGDIR/bench_zenflow.log"; then
+        record "bench zenflow" SKIPPED "$(grep SKIPPED "$LOGDIR/bench_zenflow.log" | tail -1)"
+    elif [ $rc -ne 0 ]; then
+        record "bench zenflow" FAIL "$(timeout_note $rc) (see bench_zenflow.log)"
+    fi
+fi
+# the CUDA trainer's kernels alone (issue 4), if time remains
 bench "d12 B=4 TF32" d12_B4_tf32 4 1
 bench "d12 B=16 TF32" d12_B16_tf32 16 1
 bench "d12 B=4 fp32" d12_B4_fp32 4 0
@@ -300,7 +382,7 @@ bench "d12 B=4 fp32" d12_B4_fp32 4 0
 
 failed=0
 {
-    echo "# GPU check, issue 4 (CUDA trainer)"
+    echo "# GPU check, issues 4 and 5 (CUDA trainer, ZenFlow on the GPU)"
     echo
     sed 's/^/    /' "$LOGDIR/env.log"
     echo
@@ -314,6 +396,11 @@ failed=0
         printf '| %-28s | %-7s | %s\n' "${ROW_NAMES[$i]}" "${ROW_STATUS[$i]}" "${ROW_NOTES[$i]}"
         [ "${ROW_STATUS[$i]}" = FAIL ] && failed=$((failed + 1))
     done
+    echo
+    if [ -n "$ZF_BENCH_MD" ] && [ -f "$ZF_BENCH_MD" ]; then
+        echo
+        cat "$ZF_BENCH_MD"
+    fi
     echo
     echo "total time: $(( $(date +%s) - START )) s; logs in $LOGDIR; $failed stage(s) failed"
 } >"$LOGDIR/summary.md"

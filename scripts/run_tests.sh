@@ -52,6 +52,8 @@ run_test tokenizer "$PYTHON" scripts/test_tokenizer.py
 run_test reference "$PYTHON" scripts/test_reference.py
 run_test test_gpt2cpu ./test_gpt2cpu $REFS
 run_test test_zenflow ./test_zenflow $ZF_REFS
+# zenflow.cuh's copy/wait protocol with a stand-in device (no GPU needed)
+run_test zenflow_async ./zenflow_async $ZF_REFS
 run_test cpu_adam ./test_cpu_adam
 run_test cpu_adam_tsan ./test_cpu_adam_tsan
 # the orchestration under ThreadSanitizer: the overlap cases, where the updater thread works
@@ -71,7 +73,9 @@ run_test cuda_emulation "$PYTHON" dev/cuda/emulate_trainer.py
 
 if [ -x ./test_gpt2cu ]; then
     # without a GPU the binary itself reports SKIPPED with the CUDA runtime's reason
-    run_test test_gpt2cu ./test_gpt2cu $REFS
+    run_test test_gpt2cu ./test_gpt2cu $REFS $ZF_REFS
+    # zenflow.cuh's kernels' index math, run per thread on the CPU (no GPU needed)
+    run_test zenflow_host ./build/cuda/zenflow_host
     if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
         run_test dev_cuda make -s -C dev/cuda run
     else

@@ -1,0 +1,485 @@
+/*
+zenflow.h's side of issue 5, checked on the CPU (no GPU needed): the asynchronous copies of
+the CUDA backend and the GPU-accumulation transport (-za gpu), run by the CPU trainer.
+
+The CUDA backend's copies between host and device are still in flight when a primitive
+returns; zenflow.h must call host_wait on a host buffer before the CPU reads what a copy
+brings (grads_to_host) or writes what a copy takes away (params_prefetch, params_from_host).
+If it forgot one, a GPU run would depend on timing, and a test on a GPU might not notice.
+So this program runs the CPU trainer with a backend, LazyDevice, that wraps the CPU trainer's
+own backend (dev/train_gpt2.cpp) and makes every copy happen at an extreme moment:
+  late:  a copy to the host lands only at host_wait (until then the buffer holds NaN); a copy
+         to the device reads the host buffer as late as it may (at the apply, or when
+         host_wait is called on it), and counts as still reading it until host_wait: the
+         buffer must not change until then (checked: a change is a protocol error);
+  early: every copy happens at once.
+A missing host_wait makes "late" read NaN or a newer master, or trips the check, so late and
+early differ, and differ from the plain CPU backend. Checks:
+  1. -za cpu: late == early == the CPU trainer's own backend, bitwise, on every zenflow case
+     (the CPU trainer itself is checked against the reference by test_zenflow);
+  2. -za gpu: late == early bitwise, and both match the PyTorch reference of the spec
+     (selections, losses within 2e-5 as test_zenflow; near-ties reported);
+  3. -za gpu, exact invariants: U = 1 without overlap (S = 2) == adamw; a checkpoint in the
+     middle of a window (A still in the gradient buffer) resumes bit for bit; random updater
+     delays change nothing;
+  4. for information: the largest loss difference between -za cpu and -za gpu (spec 7: the
+     backward's += rounds A differently from A += g).
+
+  ./build/cuda/zenflow_async dev/test/ref/zf_a [more zf case dirs]   (make -C dev/cuda builds it)
+*/
+#define TESTING
+#include "../train_gpt2.cpp"
+
+#include <limits.h>
+
+#include <map>
+#include <mutex>
+#include <set>
+
+static int g_passed = 0, g_failed = 0;
+
+static void check(int ok, const char* what) {
+    if (ok) {
+        g_passed++;
+    } else {
+        g_failed++;
+        printf("  FAIL: %s\n", what);
+    }
+}
+
+// ----------------------------------------------------------------------------
+// a CPU device whose copies land late (or early)
+
+typedef struct {
+    CpuDevice cpu;  // does the actual work
+    int late;
+    std::mutex mu;  // the updater thread calls params_prefetch and host_wait too
+    std::map<const float*, std::vector<float>> to_host;  // copies to the host not landed yet
+    const float* upload_host;  // the host buffer the last upload reads (NULL: none)
+    int upload_read;           // ... whether it has read it (into upload) ...
+    int upload_done;           // ... and whether a host_wait has seen it finish
+    std::vector<float> upload;
+    size_t cpu_elems;
+} LazyDevice;
+
+static int g_protocol_errors = 0;  // a host buffer changed while a copy could still read it
+
+// an upload that has read its buffer but may still be "in flight": the buffer must be as read
+static void lazy_check_upload(LazyDevice* dev, const char* where) {
+    if (dev->upload_host == NULL || !dev->upload_read || dev->upload_done) { return; }
+    if (memcmp(dev->upload_host, dev->upload.data(), dev->upload.size() * sizeof(float)) != 0) {
+        printf("  PROTOCOL ERROR (%s): the master changed while its copy to the device could still be "
+               "reading it (a missing host_wait)\n", where);
+        g_protocol_errors++;
+    }
+}
+
+static void lazy_column_scores(void* ctx, const ZfMatrix* mat, float* scores) {
+    cpu_column_scores(&((LazyDevice*)ctx)->cpu, mat, scores);
+}
+static void lazy_selection_changed(void* ctx, const ZenFlow* zf) { cpu_selection_changed(&((LazyDevice*)ctx)->cpu, zf); }
+static void lazy_zero_grads(void* ctx, const ZenFlow* zf, int all) { cpu_zero_grads(&((LazyDevice*)ctx)->cpu, zf, all); }
+static void lazy_gpu_adam(void* ctx, const ZenFlow* zf, ZfAdamHyper h, int step) {
+    cpu_gpu_adam(&((LazyDevice*)ctx)->cpu, zf, h, step);
+}
+static void lazy_grads_from_host(void* ctx, const ZenFlow* zf, const float* host) {
+    cpu_grads_from_host(&((LazyDevice*)ctx)->cpu, zf, host);
+}
+static void lazy_params_to_host(void* ctx, const ZenFlow* zf, float* host) {
+    cpu_params_to_host(&((LazyDevice*)ctx)->cpu, zf, host);
+}
+static void lazy_moments_to_host(void* ctx, const ZenFlow* zf, float* m, float* v) {
+    cpu_moments_to_host(&((LazyDevice*)ctx)->cpu, zf, m, v);
+}
+static void lazy_moments_from_host(void* ctx, const ZenFlow* zf, const float* m, const float* v) {
+    cpu_moments_from_host(&((LazyDevice*)ctx)->cpu, zf, m, v);
+}
+
+// the gradient columns leave now (the device's state of now), and land at host_wait
+static void lazy_grads_to_host(void* ctx, const ZenFlow* zf, float* host) {
+    LazyDevice* dev = (LazyDevice*)ctx;
+    std::vector<float> data(zf->cpu_elems);
+    cpu_grads_to_host(&dev->cpu, zf, data.data());
+    std::lock_guard<std::mutex> lock(dev->mu);
+    if (dev->late) {
+        for (size_t i = 0; i < zf->cpu_elems; i++) { host[i] = NAN; }  // not there yet
+        dev->to_host[host] = data;
+    } else {
+        memcpy(host, data.data(), data.size() * sizeof(float));
+    }
+}
+
+// the upload starts: late, it reads the host buffer only when it must
+static void lazy_params_prefetch(void* ctx, const ZenFlow* zf, const float* host) {
+    LazyDevice* dev = (LazyDevice*)ctx;
+    std::lock_guard<std::mutex> lock(dev->mu);
+    lazy_check_upload(dev, "a new upload starts");
+    dev->upload_host = host;
+    dev->upload_read = 0;
+    dev->upload_done = 0;
+    dev->cpu_elems = zf->cpu_elems;
+    if (!dev->late) {
+        dev->upload.assign(host, host + zf->cpu_elems);
+        dev->upload_read = dev->upload_done = 1;
+    }
+}
+
+static void lazy_host_wait(void* ctx, const float* host) {
+    LazyDevice* dev = (LazyDevice*)ctx;
+    std::lock_guard<std::mutex> lock(dev->mu);
+    auto it = dev->to_host.find(host);
+    if (it != dev->to_host.end()) {  // the copy to the host lands
+        memcpy((float*)host, it->second.data(), it->second.size() * sizeof(float));
+        dev->to_host.erase(it);
+    }
+    if (dev->upload_host == host) {  // the upload reads it now if it has not, and finishes
+        lazy_check_upload(dev, "host_wait");
+        if (!dev->upload_read) { dev->upload.assign(host, host + dev->cpu_elems); }
+        dev->upload_read = dev->upload_done = 1;
+    }
+}
+
+static void lazy_params_from_host(void* ctx, const ZenFlow* zf, const float* host) {
+    LazyDevice* dev = (LazyDevice*)ctx;
+    std::vector<float> data;
+    {
+        std::lock_guard<std::mutex> lock(dev->mu);
+        if (dev->upload_host == host && dev->upload_read) {
+            lazy_check_upload(dev, "apply");
+            data = dev->upload;  // prefetched (early, or read at a host_wait)
+        } else {
+            lazy_check_upload(dev, "apply of a new upload");
+            data.assign(host, host + zf->cpu_elems);  // read now: the latest moment
+            dev->upload_host = host;
+            dev->upload = data;
+            dev->upload_read = 1;
+            dev->upload_done = !dev->late;  // late: still reading until a host_wait
+            dev->cpu_elems = zf->cpu_elems;
+        }
+    }
+    cpu_params_from_host(&dev->cpu, zf, data.data());
+}
+
+static void lazy_init(ZenFlow* zf, LazyDevice* dev, GPT2* model, ZfConfig cfg, int late) {
+    zenflow_cpu_init(zf, &dev->cpu, model, cfg);  // zf_init and the CPU device's buffers
+    dev->late = late;
+    dev->upload_host = NULL;
+    dev->upload_read = dev->upload_done = 0;
+    ZfBackend be;
+    memset(&be, 0, sizeof(be));
+    be.ctx = dev;
+    be.column_scores = lazy_column_scores;
+    be.selection_changed = lazy_selection_changed;
+    be.zero_grads = lazy_zero_grads;
+    be.gpu_adam = lazy_gpu_adam;
+    be.grads_to_host = lazy_grads_to_host;
+    be.grads_from_host = lazy_grads_from_host;
+    be.params_to_host = lazy_params_to_host;
+    be.params_prefetch = lazy_params_prefetch;
+    be.params_from_host = lazy_params_from_host;
+    be.moments_to_host = lazy_moments_to_host;
+    be.moments_from_host = lazy_moments_from_host;
+    be.host_wait = lazy_host_wait;
+    zf->backend = be;  // nothing has called the backend yet
+}
+
+// ----------------------------------------------------------------------------
+// runs
+
+typedef struct {
+    int B, T, steps;
+    float lr, wd;
+    ZfConfig z;
+} Case;
+
+static Case read_zf_case(const char* dir) {
+    Case c;
+    char path[4096], mode[32];
+    snprintf(path, sizeof(path), "%s/case.txt", dir);
+    FILE* fp = fopen_check(path, "r");
+    if (fscanf(fp, "%d %d %d %f %f", &c.B, &c.T, &c.steps, &c.lr, &c.wd) != 5) { zf_fail("%s: bad", path); }
+    fclose(fp);
+    snprintf(path, sizeof(path), "%s/zenflow.txt", dir);
+    fp = fopen_check(path, "r");
+    c.z = zf_default_config();
+    if (fscanf(fp, "%31s %lf %d %d %d %d", mode, &c.z.topk, &c.z.update_interval, &c.z.select_interval,
+               &c.z.warmup, &c.z.overlap) != 6) {
+        zf_fail("%s: bad", path);
+    }
+    fclose(fp);
+    c.z.mode = strcmp(mode, "adamw") == 0 ? ZF_MODE_ADAMW : strcmp(mode, "offload") == 0 ? ZF_MODE_OFFLOAD
+                                                                                            : ZF_MODE_ZENFLOW;
+    return c;
+}
+
+enum { PLAIN = 0, LATE = 1, EARLY = 2 };
+static const char* const device_names[3] = {"CPU backend", "late copies", "early copies"};
+
+typedef struct {
+    std::vector<float> losses, params;
+} Run;
+
+// the case's run with settings z on a device kind; selections to sel_path if not NULL; with
+// save_at > 0 a checkpoint after that many steps, then a fresh model and ZenFlow resume it
+static Run run(const char* dir, const Case* c, ZfConfig z, int kind, const char* sel_path, int save_at = 0) {
+    char path[4096];
+    snprintf(path, sizeof(path), "%s/model.bin", dir);
+    GPT2 model;
+    gpt2_build(&model, path, 0);
+    snprintf(path, sizeof(path), "%s/train.bin", dir);
+    DataLoader loader;
+    dataloader_init(&loader, path, c->B, c->T, model.config.vocab_size);
+    ZenFlow zf;
+    LazyDevice* dev = new LazyDevice;
+    if (kind == PLAIN) {
+        zenflow_cpu_init(&zf, &dev->cpu, &model, z);
+    } else {
+        lazy_init(&zf, dev, &model, z, kind == LATE);
+    }
+    if (sel_path != NULL) { zf.selection_log = fopen_check(sel_path, "w"); }
+    ZfAdamHyper hyper = {c->lr, 0.9f, 0.95f, 1e-8f, c->wd};
+    Run out;
+    for (int t = 0; t < c->steps; t++) {
+        if (save_at > 0 && t == save_at) {
+            FILE* fp = tmpfile();
+            zf_save_state(&zf, fp, "checkpoint test");
+            std::vector<float> params(model.params_memory, model.params_memory + model.num_parameters);
+            FILE* log = zf.selection_log;
+            zf_wait(&zf);
+            lazy_check_upload(dev, "checkpoint");
+            zenflow_cpu_free(&zf, &dev->cpu);
+            delete dev;
+            dev = new LazyDevice;
+            memcpy(model.params_memory, params.data(), params.size() * sizeof(float));
+            memset(model.grads_memory, 0, model.num_parameters * sizeof(float));  // as a new process
+            if (kind == PLAIN) {
+                zenflow_cpu_init(&zf, &dev->cpu, &model, z);
+            } else {
+                lazy_init(&zf, dev, &model, z, kind == LATE);
+            }
+            zf.selection_log = log;
+            rewind(fp);
+            zf_load_state(&zf, fp, "checkpoint test");
+            fclose(fp);
+        }
+        dataloader_next_batch(&loader);
+        gpt2_forward(&model, loader.inputs, loader.targets, c->B, c->T);
+        zf_zero_grads(&zf);
+        gpt2_backward(&model, c->B, c->T);
+        zf_step(&zf, t, hyper);
+        out.losses.push_back(model.mean_loss);
+    }
+    zf_drain(&zf);
+    out.params.assign(model.params_memory, model.params_memory + model.num_parameters);
+    if (zf.selection_log != NULL) { fclose(zf.selection_log); }
+    zf_wait(&zf);
+    lazy_check_upload(dev, "end of the run");
+    zenflow_cpu_free(&zf, &dev->cpu);
+    delete dev;
+    dataloader_free(&loader);
+    gpt2_free(&model);
+    return out;
+}
+
+static int same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+    return a.size() == b.size() && memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+static int same_run(const Run& a, const Run& b) { return same_bits(a.losses, b.losses) && same_bits(a.params, b.params); }
+
+static void report_same(int same, const char* what) {
+    printf("  %-66s %s\n", what, same ? "bitwise" : "DIFFERS");
+    char msg[320];
+    snprintf(msg, sizeof(msg), "%s: not bitwise equal", what);
+    check(same, msg);
+}
+
+// ----------------------------------------------------------------------------
+// the reference: selections and losses (as dev/test_zenflow.cpp compares them)
+
+typedef struct {
+    int t, matrix;
+    std::vector<int> cols;
+    std::vector<double> scores;
+} Selection;
+
+static std::vector<Selection> read_selections(const char* path) {
+    std::vector<Selection> out;
+    FILE* fp = fopen_check(path, "r");
+    static char line[1 << 20];
+    while (fgets(line, sizeof(line), fp) != NULL) {
+        char* colon = strchr(line, ':');
+        if (colon == NULL || line[0] == '#') { continue; }
+        if (strncmp(line, "sel ", 4) == 0) {
+            Selection s;
+            char name[64];
+            int n;
+            if (sscanf(line, "sel %d %d %63s %d", &s.t, &s.matrix, name, &n) != 4) { zf_fail("%s: bad line", path); }
+            char* p = colon + 1;
+            for (int i = 0; i < n; i++) { s.cols.push_back((int)strtol(p, &p, 10)); }
+            out.push_back(s);
+        } else if (strncmp(line, "scores ", 7) == 0 && !out.empty()) {
+            char* p = colon + 1;
+            char* end;
+            for (double x = strtod(p, &end); end != p; x = strtod(p, &end)) {
+                out.back().scores.push_back(x);
+                p = end;
+            }
+        }
+    }
+    fclose(fp);
+    return out;
+}
+
+// 1 if equal or differing only by near-ties (1e-5 of the boundary score); *tie_step = the
+// first near-tie's step (losses after it are not comparable), else INT_MAX
+static int compare_selections(const std::vector<Selection>& ours, const std::vector<Selection>& ref, int* tie_step) {
+    *tie_step = INT_MAX;
+    if (ours.size() != ref.size()) { return 0; }
+    for (size_t i = 0; i < ref.size(); i++) {
+        const Selection &a = ours[i], &r = ref[i];
+        if (a.t != r.t || a.matrix != r.matrix) { return 0; }
+        if (a.cols == r.cols) { continue; }
+        std::vector<double> sorted = r.scores;
+        std::sort(sorted.begin(), sorted.end(), std::greater<double>());
+        double boundary = r.cols.empty() ? 0.0 : sorted[r.cols.size() - 1];
+        std::set<int> sa(a.cols.begin(), a.cols.end()), sr(r.cols.begin(), r.cols.end());
+        for (int j : sa) {
+            if (!sr.count(j) && fabs(r.scores[j] - boundary) > 1e-5 * boundary) { return 0; }
+        }
+        for (int j : sr) {
+            if (!sa.count(j) && fabs(r.scores[j] - boundary) > 1e-5 * boundary) { return 0; }
+        }
+        printf("    NEAR-TIE at step %d, matrix %d (boundary score %.9g)\n", r.t, r.matrix, boundary);
+        *tie_step = std::min(*tie_step, r.t);
+    }
+    return 1;
+}
+
+static void test_case(const char* dir) {
+    Case c = read_zf_case(dir);
+    printf("== %s: %s k=%g U=%d S=%d W=%d overlap=%d, %d steps\n", dir, zf_mode_names[c.z.mode], c.z.topk,
+           c.z.update_interval, c.z.select_interval, c.z.warmup, c.z.overlap, c.steps);
+    char what[256];
+    Run plain = run(dir, &c, c.z, PLAIN, NULL);
+    for (int kind = LATE; kind <= EARLY; kind++) {
+        snprintf(what, sizeof(what), "-za cpu, %s == CPU backend", device_names[kind]);
+        report_same(same_run(run(dir, &c, c.z, kind, NULL), plain), what);
+    }
+    if (c.z.mode != ZF_MODE_ZENFLOW) { return; }  // adamw and offload ignore -za
+    ZfConfig z = c.z;
+    z.transport = ZF_ACC_GPU;
+    char sel_path[] = "/tmp/zf_async_selections_XXXXXX";
+    int fd = mkstemp(sel_path);
+    if (fd < 0) { zf_fail("mkstemp failed"); }
+    close(fd);
+    Run late = run(dir, &c, z, LATE, sel_path);
+    Run early = run(dir, &c, z, EARLY, NULL);
+    report_same(same_run(late, early), "-za gpu, late copies == early copies");
+    char path[4096];
+    snprintf(path, sizeof(path), "%s/selections.txt", dir);
+    int tie_step;
+    int ok = compare_selections(read_selections(sel_path), read_selections(path), &tie_step);
+    remove(sel_path);
+    printf("  %-66s %s\n", "-za gpu, selections vs the reference", ok ? "identical (or near-ties)" : "DIFFER");
+    check(ok, "-za gpu: selections differ from the reference");
+    snprintf(path, sizeof(path), "%s/losses.txt", dir);
+    FILE* fp = fopen_check(path, "r");
+    char line[256];
+    double worst = 0.0, transports = 0.0;
+    int t = 0;
+    while (fgets(line, sizeof(line), fp) != NULL) {
+        int step;
+        double loss;
+        if (line[0] == '#' || sscanf(line, "%d %lf", &step, &loss) != 2) { continue; }
+        if (t < (int)late.losses.size() && t <= tie_step) { worst = std::max(worst, fabs(late.losses[t] - loss)); }
+        if (t < (int)late.losses.size()) { transports = std::max(transports, fabs((double)late.losses[t] - plain.losses[t])); }
+        t++;
+    }
+    fclose(fp);
+    printf("  %-66s %.3e  %s\n", "-za gpu, max |loss - reference|", worst, worst <= 2e-5 ? "ok" : "FAIL");
+    check(worst <= 2e-5 && t == (int)late.losses.size(), "-za gpu: losses differ from the reference");
+    printf("  %-66s %.3e  (info: spec 7)\n", "-za gpu vs -za cpu, max |loss difference|", transports);
+}
+
+static void test_invariants(const char* dir) {
+    Case c = read_zf_case(dir);
+    printf("== more settings on %s: late copies == early copies (and == the CPU backend with -za cpu)\n", dir);
+    struct { double k; int U, S, W, overlap; } more[] = {
+        {0.1, 1, 4, 0, 1}, {0.2, 2, 4, 1, 1}, {0.0, 2, 4, 0, 1}, {0.3, 5, 0, 0, 1}, {0.1, 3, 3, 2, 0}};
+    for (auto& m : more) {
+        for (int tr = 0; tr < 2; tr++) {
+            ZfConfig z = zf_default_config();
+            z.topk = m.k;
+            z.update_interval = m.U;
+            z.select_interval = m.S;
+            z.warmup = m.W;
+            z.overlap = m.overlap;
+            z.transport = tr;
+            char what[256];
+            Run late = run(dir, &c, z, LATE, NULL);
+            snprintf(what, sizeof(what), "k=%.1f U=%d S=%d W=%d overlap %s -za %s: late == early", m.k, m.U, m.S,
+                     m.W, m.overlap ? "on" : "off", zf_transport_names[tr]);
+            report_same(same_run(late, run(dir, &c, z, EARLY, NULL)), what);
+            if (tr == ZF_ACC_CPU) {
+                snprintf(what, sizeof(what), "k=%.1f U=%d S=%d W=%d overlap %s -za cpu: late == CPU backend", m.k,
+                         m.U, m.S, m.W, m.overlap ? "on" : "off");
+                report_same(same_run(late, run(dir, &c, z, PLAIN, NULL)), what);
+            }
+        }
+    }
+    printf("== exact invariants of -za gpu on %s (late copies)\n", dir);
+    ZfConfig adamw = zf_default_config();
+    adamw.mode = ZF_MODE_ADAMW;
+    Run ref = run(dir, &c, adamw, PLAIN, NULL);
+    char what[256];
+    double ks[3] = {0.05, 0.1, 0.5};
+    for (double k : ks) {
+        ZfConfig z = zf_default_config();
+        z.topk = k;
+        z.update_interval = 1;
+        z.overlap = 0;
+        z.select_interval = 2;
+        z.transport = ZF_ACC_GPU;
+        snprintf(what, sizeof(what), "zenflow k=%.2f U=1 S=2 overlap off -za gpu == adamw", k);
+        report_same(same_run(run(dir, &c, z, LATE, NULL), ref), what);
+    }
+    for (int tr = 0; tr < 2; tr++) {
+        ZfConfig z = zf_default_config();
+        z.update_interval = 3;
+        z.select_interval = 6;
+        z.transport = tr;
+        Run first = run(dir, &c, z, LATE, NULL);
+        setenv("ZF_UPDATER_DELAY_US", "2000", 1);
+        Run delayed = run(dir, &c, z, LATE, NULL);
+        unsetenv("ZF_UPDATER_DELAY_US");
+        snprintf(what, sizeof(what), "zenflow U=3 S=6 overlap -za %s, with random updater delays", zf_transport_names[tr]);
+        report_same(same_run(first, delayed), what);
+        for (int save_at : {5, 7}) {
+            snprintf(what, sizeof(what), "zenflow U=3 S=6 overlap -za %s, checkpoint after step %d, resumed",
+                     zf_transport_names[tr], save_at);
+            report_same(same_run(first, run(dir, &c, z, LATE, NULL, save_at)), what);
+        }
+        z.overlap = 0;
+        z.warmup = 2;
+        Run sync = run(dir, &c, z, LATE, NULL);
+        snprintf(what, sizeof(what), "zenflow U=3 W=2 overlap off -za %s, checkpoint after step 4, resumed",
+                 zf_transport_names[tr]);
+        report_same(same_run(sync, run(dir, &c, z, LATE, NULL, 4)), what);
+    }
+}
+
+int main(int argc, char* argv[]) {
+    if (argc < 2) {
+        fprintf(stderr, "usage: %s <zenflow case dir> [...] (dev/test/ref/zf_*, see scripts/make_test_refs.sh)\n",
+                argv[0]);
+        return 2;
+    }
+    for (int i = 1; i < argc; i++) { test_case(argv[i]); }
+    test_invariants(argv[1]);
+    printf("  %-66s %d  %s\n", "protocol errors (a copy's host buffer changed too early)", g_protocol_errors,
+           g_protocol_errors == 0 ? "ok" : "FAIL");
+    check(g_protocol_errors == 0, "zenflow.h wrote a host buffer that a copy could still be reading");
+    printf("zenflow_async: %d passed, %d failed\n", g_passed, g_failed);
+    return g_failed == 0 ? 0 : 1;
+}

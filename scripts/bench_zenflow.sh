@@ -1,0 +1,279 @@
+#!/usr/bin/env bash
+# ZenFlow's numbers (issue 5): the CUDA trainer in its three optimizer modes, side by side,
+# on GPT-2 d12 / d24 / d36 / d48 (124M .. 1.5B), B = 4, T = 1024, TF32 on:
+#
+#   bash scripts/bench_zenflow.sh [--quick] [--bin PATH] [--out DIR] [--budget SECONDS]
+#                                 [--models "d12 d48"] [--warmup N] [--steps N]
+#
+#   --quick     d12 and d48 only, 8 measured steps (what scripts/gpu_check.sh runs)
+#   --bin       the trainer (default ./train_gpt2cu)
+#   --out       logs, models, data, results (default build/bench_zenflow)
+#   --budget    start no new run after this many seconds (default: none)
+#   --warmup    steps not measured (default 4: the first selection and the first window)
+#   --steps     measured steps (default 24; a multiple of U = 4, so that every measured
+#               window's H2D is counted once)
+#   --no-gpu-check  run even where nvidia-smi finds no GPU (to test this script with a stand-in)
+#
+# Modes: adamw (everything on the GPU), offload (every matrix on the CPU, synchronous),
+# zenflow-cpu (k = 0.1, U = 4, overlap; the paper's transport: every step's CPU-owned
+# gradients go down), zenflow-gpu (the same, accumulating in the gradient buffer: one copy
+# down and one up per window). The numbers come from the trainer's per-step measurements
+# (-zm): ms/step (host clock), compute and stall ms (CUDA events on the default stream),
+# CPU optimizer work per step, PCIe bytes each way; averages over the measured steps.
+#
+# Output: one table (also $OUT/bench_zenflow.md) and $OUT/bench_zenflow.csv with the columns
+#   device,model,mode,ms_per_step,compute_ms,stall_ms,cpu_update_ms,pcie_mb_d2h,pcie_mb_h2d
+# (MB = 1e6 bytes; scripts/plot_step_time.py draws it). The table adds tok/s, stall %, the
+# GPU's optimizer state, PCIe per step against spec section 7's formula, and zenflow's
+# speed-up over offload.
+#
+# Models are written once into $OUT/models with GPT-2's init recipe, uniform instead of
+# normal (same standard deviation) and in parallel: seconds instead of the trainer's minute
+# for d48; the speed of a step does not depend on the weights' distribution. Data:
+# tinyshakespeare if data/tinyshakespeare/*.bin exist, else a synthetic shard of random
+# tokens (no network needed). Host memory: offload and zenflow on d48 keep ~40 GB of CPU-side
+# state (master, moments, accumulators, staging; some of it pinned).
+set -u
+cd "$(dirname "$0")/.." || exit 2
+ARGS="$*"
+
+BIN=./train_gpt2cu
+OUT=build/bench_zenflow
+MODELS="d12 d24 d36 d48"
+WARMUP=4
+STEPS=24
+BUDGET=0
+NO_GPU_CHECK=0
+while [ $# -gt 0 ]; do
+    case $1 in
+        --quick) MODELS="d12 d48"; STEPS=8; shift ;;
+        --bin) BIN=$2; shift 2 ;;
+        --out) OUT=$2; shift 2 ;;
+        --budget) BUDGET=$2; shift 2 ;;
+        --models) MODELS=$2; shift 2 ;;
+        --warmup) WARMUP=$2; shift 2 ;;
+        --steps) STEPS=$2; shift 2 ;;
+        --no-gpu-check) NO_GPU_CHECK=1; shift ;;
+        -h|--help) sed -n '2,34p' "$0"; exit 0 ;;
+        *) echo "bench_zenflow.sh: unknown argument $1 (hint: --help)" >&2; exit 2 ;;
+    esac
+done
+START=$(date +%s)
+mkdir -p "$OUT/models" "$OUT/logs" || exit 2
+if [ ! -x "$BIN" ]; then
+    echo "bench_zenflow.sh: $BIN not found (hint: make train_gpt2cu, or --bin PATH)" >&2
+    exit 2
+fi
+if [ $NO_GPU_CHECK -eq 0 ] && ! nvidia-smi -L >/dev/null 2>&1; then
+    echo "bench_zenflow.sh: SKIPPED (no GPU: nvidia-smi finds none)"
+    exit 0
+fi
+CXX=${CXX:-g++}
+DEVICE=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+DEVICE=${DEVICE:-unknown GPU}
+B=4
+T=1024
+U=4
+K=0.1
+
+# ----------------------------------------------------------------------------
+# data and models
+
+TRAIN=data/tinyshakespeare/tiny_shakespeare_train.bin
+VAL=data/tinyshakespeare/tiny_shakespeare_val.bin
+DATA_NOTE=tinyshakespeare
+if [ ! -f "$TRAIN" ] || [ ! -f "$VAL" ]; then
+    TRAIN="$OUT/synthetic_train.bin"
+    VAL="$OUT/synthetic_val.bin"
+    DATA_NOTE="synthetic random tokens"
+    if [ ! -f "$TRAIN" ] || [ ! -f "$VAL" ]; then
+        cat >"$OUT/synthetic_shard.cpp" <<'EOF'
+// synthetic_shard <path> <tokens> <seed>: uniformly random token ids < 50257, llm.c's shard format
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+int main(int argc, char** argv) {
+    if (argc != 4) return 2;
+    int n = atoi(argv[2]);
+    uint64_t s = strtoull(argv[3], NULL, 10) * 0x9E3779B97F4A7C15ull + 1;
+    int header[256] = {20240520, 1, n};
+    FILE* f = fopen(argv[1], "wb");
+    if (!f || fwrite(header, 4, 256, f) != 256) return 1;
+    for (int i = 0; i < n; i++) {
+        s ^= s >> 12; s ^= s << 25; s ^= s >> 27;
+        uint16_t t = (uint16_t)(((s * 0x2545F4914F6CDD1Dull) >> 32) % 50257);
+        if (fwrite(&t, 2, 1, f) != 1) return 1;
+    }
+    return fclose(f) == 0 ? 0 : 1;
+}
+EOF
+        if ! { $CXX -O2 "$OUT/synthetic_shard.cpp" -o "$OUT/synthetic_shard" \
+               && "$OUT/synthetic_shard" "$TRAIN" 400000 1 && "$OUT/synthetic_shard" "$VAL" 40000 2; }; then
+            echo "bench_zenflow.sh: could not write synthetic data" >&2
+            exit 1
+        fi
+    fi
+fi
+
+cat >"$OUT/bench_model.cpp" <<'EOF'
+// bench_model <spec> <path>: a GPT-2 model file (llm.c v3) with GPT-2's init recipe, but each
+// weight uniform with the recipe's standard deviation (std * sqrt(3) each side) and drawn in
+// parallel, from a counter-based generator (the same file for any thread count)
+#include <math.h>
+#include "llmc/gpt2_file.h"
+static inline uint64_t mix(uint64_t z) {  // splitmix64's finalizer
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+int main(int argc, char** argv) {
+    GPT2Config c;
+    if (argc != 3 || !gpt2_parse_model_spec(argv[1], &c)) { fprintf(stderr, "usage: bench_model d12 out.bin\n"); return 2; }
+    size_t sizes[NUM_PARAMETER_TENSORS];
+    gpt2_param_sizes(&c, sizes);
+    float* params = (float*)calloc_check(gpt2_num_params(&c), sizeof(float));
+    float residual_std = 0.02f / sqrtf(2.0f * c.num_layers);
+    float* p = params;
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+        if (i == 2 || i == 8 || i == 14) {  // LayerNorm gains
+            for (size_t j = 0; j < sizes[i]; j++) { p[j] = 1.0f; }
+        } else if (gpt2_tensor_shape(&c, i).is_matrix) {
+            float a = ((i == 6 || i == 12) ? residual_std : 0.02f) * sqrtf(3.0f);
+            long long n = (i == 0) ? (long long)c.vocab_size * c.channels : (long long)sizes[i];
+#pragma omp parallel for schedule(static)
+            for (long long j = 0; j < n; j++) {
+                uint64_t r = mix(((uint64_t)i << 40) + (uint64_t)j + 0x9E3779B97F4A7C15ull);
+                p[j] = a * (2.0f * ((r >> 40) / 16777216.0f) - 1.0f);
+            }
+        }
+        p += sizes[i];
+    }
+    gpt2_write_model(argv[2], &c, params);
+    free(params);
+    return 0;
+}
+EOF
+if ! $CXX -O2 -std=c++17 -fopenmp -I. "$OUT/bench_model.cpp" -o "$OUT/bench_model" 2>"$OUT/logs/bench_model_build.log"; then
+    echo "bench_zenflow.sh: could not build the model writer (see $OUT/logs/bench_model_build.log)" >&2
+    exit 1
+fi
+
+# ----------------------------------------------------------------------------
+# runs
+
+out_of_time() { [ "$BUDGET" -gt 0 ] && [ $(( $(date +%s) - START )) -gt "$BUDGET" ]; }
+
+RESULTS="$OUT/results.txt"  # one line per run: model mode fields..., or model mode SKIPPED/FAILED note
+: >"$RESULTS"
+
+mode_flags() {
+    case $1 in
+        adamw) echo "-zo adamw" ;;
+        offload) echo "-zo offload" ;;
+        zenflow-cpu) echo "-zo zenflow -zk $K -zu $U -za cpu" ;;
+        zenflow-gpu) echo "-zo zenflow -zk $K -zu $U -za gpu" ;;
+    esac
+}
+
+for model in $MODELS; do
+    mfile="$OUT/models/$model.bin"
+    if [ ! -s "$mfile" ]; then
+        if out_of_time; then
+            for mode in adamw offload zenflow-cpu zenflow-gpu; do echo "$model $mode SKIPPED out-of-time" >>"$RESULTS"; done
+            continue
+        fi
+        echo "writing $mfile"
+        if ! "$OUT/bench_model" "$model" "$mfile"; then
+            for mode in adamw offload zenflow-cpu zenflow-gpu; do echo "$model $mode FAILED model-file" >>"$RESULTS"; done
+            continue
+        fi
+    fi
+    for mode in adamw offload zenflow-cpu zenflow-gpu; do
+        if out_of_time; then
+            echo "$model $mode SKIPPED out-of-time" >>"$RESULTS"
+            continue
+        fi
+        log="$OUT/logs/${model}_$mode.log"
+        csv="$OUT/logs/${model}_$mode.csv"
+        echo "run $model $mode ($(( $(date +%s) - START ))s)"
+        # shellcheck disable=SC2046
+        timeout --kill-after=10 600 "$BIN" -e "$mfile" -i "$TRAIN" -j "$VAL" -b $B -t $T -x $((WARMUP + STEPS)) \
+            -v 0 -s 0 -zs 1000 $(mode_flags "$mode") -zm "$csv" >"$log" 2>&1
+        rc=$?
+        if [ $rc -ne 0 ]; then
+            echo "$model $mode FAILED exit-$rc:$(tail -1 "$log" | tr ' ' '_' | cut -c1-120)" >>"$RESULTS"
+            continue
+        fi
+        # averages over the measured steps; the optimizer state and M from the log
+        opt_mib=$(sed -n 's/^\[memory\] GPU optimizer state *\([0-9.]*\) MiB.*/\1/p' "$log" | head -1)
+        M=$(sed -n 's/^\[optimizer\] matrix elements M = \([0-9]*\):.*/\1/p' "$log" | head -1)
+        awk -F, -v w="$WARMUP" -v model="$model" -v mode="$mode" -v opt="${opt_mib:-nan}" -v M="${M:-0}" '
+            NR > 1 && $1 > w { n++; ms += $3; comp += $5; stall += $6; cpu += $7; d2h += $8; h2d += $9 }
+            END {
+                if (n == 0) { print model, mode, "FAILED no-measured-steps"; exit }
+                printf "%s %s %.3f %.3f %.3f %.3f %.3f %.3f %s %s %d\n", model, mode, ms / n, comp / n, stall / n,
+                       cpu / n, d2h / n / 1e6, h2d / n / 1e6, opt, M, n
+            }' "$csv" >>"$RESULTS"
+    done
+done
+
+# ----------------------------------------------------------------------------
+# the table
+
+CSV="$OUT/bench_zenflow.csv"
+MD="$OUT/bench_zenflow.md"
+echo "device,model,mode,ms_per_step,compute_ms,stall_ms,cpu_update_ms,pcie_mb_d2h,pcie_mb_h2d" >"$CSV"
+awk -v dev="$DEVICE" '$3 != "SKIPPED" && $3 != "FAILED" {
+    printf "%s,%s,%s,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f\n", dev, $1, $2, $3, $4, $5, $6, $7, $8 }' "$RESULTS" >>"$CSV"
+
+{
+    echo "# ZenFlow benchmark: $DEVICE"
+    echo
+    echo "GPT-2 at B=$B, T=$T, TF32 on; zenflow: k=$K, U=$U, overlap on; $STEPS measured steps after $WARMUP;"
+    echo "data: $DATA_NOTE; $(date -u '+%Y-%m-%d %H:%M UTC'); command: bash scripts/bench_zenflow.sh $ARGS"
+    echo
+    echo "PCIe formula (spec 7), M = matrix elements: offload 2 x 4M, zenflow-cpu (1-k) 4M (1 + 1/U),"
+    echo "zenflow-gpu 2 (1-k) 4M / U bytes per step; 'vs formula' = measured / formula."
+    echo "opt state = GPU memory for AdamW moments; vs adamw = this mode's ms / adamw's ms;"
+    echo "speed-up = offload ms / this mode's ms (targets: zenflow <= 1.10x adamw, >= 3x offload at d48)."
+    echo
+    printf '| %-5s | %-11s | %9s | %8s | %8s | %7s | %8s | %9s | %9s | %10s | %12s | %8s | %8s |\n' \
+        model mode "ms/step" "tok/s" "stall ms" "stall %" "CPU ms" "D2H MB" "H2D MB" "vs formula" "opt state" \
+        "vs adamw" speed-up
+    printf '|%s|%s|%s|%s|%s|%s|%s|%s|%s|%s|%s|%s|%s|\n' -------  ------------- ----------- ---------- ---------- \
+        --------- ---------- ----------- ----------- ------------ -------------- ---------- ----------
+    awk -v B=$B -v T=$T -v k=$K -v U=$U '
+        {
+            line[NR] = $0
+            if ($3 != "SKIPPED" && $3 != "FAILED") {
+                if ($2 == "offload") off[$1] = $3
+                if ($2 == "adamw") base[$1] = $3
+            }
+        }
+        END {
+            for (i = 1; i <= NR; i++) {
+                split(line[i], f, " ")
+                model = f[1]; mode = f[2]
+                if (f[3] == "SKIPPED" || f[3] == "FAILED") {
+                    printf "| %-5s | %-11s | %s %s\n", model, mode, f[3], f[4]; continue
+                }
+                ms = f[3]; stall = f[5]; cpu = f[6]; d2h = f[7]; h2d = f[8]; opt = f[9]; M = f[10]
+                bytes = 4.0 * M
+                if (mode == "offload") formula = 2 * bytes
+                else if (mode == "zenflow-cpu") formula = (1 - k) * bytes * (1 + 1.0 / U)
+                else if (mode == "zenflow-gpu") formula = 2 * (1 - k) * bytes / U
+                else formula = 0
+                vs = formula > 0 ? sprintf("%.3f", (d2h + h2d) * 1e6 / formula) : "-"
+                sp = (model in off && mode != "offload" && mode != "adamw") ? sprintf("%.2fx", off[model] / ms) : "-"
+                va = (model in base && mode != "adamw") ? sprintf("%.2fx", ms / base[model]) : "-"
+                printf "| %-5s | %-11s | %9.1f | %8.0f | %8.1f | %6.1f%% | %8.1f | %9.1f | %9.1f | %10s | %8.0f MiB | %8s | %8s |\n",
+                       model, mode, ms, B * T / (ms / 1e3), stall, 100 * stall / ms, cpu, d2h, h2d, vs, opt, va, sp
+            }
+        }' "$RESULTS"
+    echo
+    echo "total time: $(( $(date +%s) - START )) s; logs and per-step CSVs in $OUT/logs"
+} >"$MD"
+cat "$MD"
+echo "wrote $CSV and $MD"
+grep -q " FAILED " "$RESULTS" && exit 1
+exit 0
