@@ -43,15 +43,15 @@ cpu_adam.o: cpu_adam.cpp cpu_adam.h
 train_gpt2cpu: dev/train_gpt2.cpp cpu_adam.o $(HEADERS)
 	$(CXX) $(CXXFLAGS) $< cpu_adam.o -o $@ $(LDLIBS)
 
-test_gpt2cpu: dev/test_gpt2.cpp dev/train_gpt2.cpp cpu_adam.o $(HEADERS)
+test_gpt2cpu: dev/test_gpt2.cpp dev/test_common.h dev/train_gpt2.cpp cpu_adam.o $(HEADERS)
 	$(CXX) $(CXXFLAGS) $< cpu_adam.o -o $@ $(LDLIBS)
 
-test_zenflow: dev/test_zenflow.cpp dev/train_gpt2.cpp cpu_adam.o $(HEADERS)
+test_zenflow: dev/test_zenflow.cpp dev/test_common.h dev/train_gpt2.cpp cpu_adam.o $(HEADERS)
 	$(CXX) $(CXXFLAGS) $< cpu_adam.o -o $@ $(LDLIBS)
 
 # the GPU backend's copy/wait protocol, on the CPU: a stand-in device whose copies land as
 # late or as early as CUDA allows (dev/cuda/zenflow_async.cpp)
-zenflow_async: dev/cuda/zenflow_async.cpp dev/train_gpt2.cpp cpu_adam.o $(HEADERS)
+zenflow_async: dev/cuda/zenflow_async.cpp dev/test_common.h dev/train_gpt2.cpp cpu_adam.o $(HEADERS)
 	$(CXX) $(CXXFLAGS) $< cpu_adam.o -o $@ $(LDLIBS)
 
 bench_cpu_adam: dev/bench_cpu_adam.cpp cpu_adam.o cpu_adam.h
@@ -67,13 +67,13 @@ TSAN_FLAGS = -std=c++17 -O1 -g -ffp-contract=off -fsanitize=thread -Wall -Wno-un
 test_cpu_adam_tsan: dev/test_cpu_adam.cpp cpu_adam.cpp cpu_adam.h
 	$(CXX) $(TSAN_FLAGS) $< cpu_adam.cpp -o $@ $(LDLIBS)
 
-test_zenflow_tsan: dev/test_zenflow.cpp dev/train_gpt2.cpp cpu_adam.cpp $(HEADERS)
+test_zenflow_tsan: dev/test_zenflow.cpp dev/test_common.h dev/train_gpt2.cpp cpu_adam.cpp $(HEADERS)
 	$(CXX) $(TSAN_FLAGS) $< cpu_adam.cpp -o $@ $(LDLIBS)
 
 train_gpt2cu: train_gpt2.cu cpu_adam.o $(HEADERS) zenflow.cuh $(wildcard llmc/*.cuh)
 	$(NVCC) $(NVCCFLAGS) $< cpu_adam.o -o $@ $(NVCC_LDLIBS)
 
-test_gpt2cu: test_gpt2.cu train_gpt2.cu cpu_adam.o $(HEADERS) zenflow.cuh $(wildcard llmc/*.cuh)
+test_gpt2cu: test_gpt2.cu dev/test_common.h train_gpt2.cu cpu_adam.o $(HEADERS) zenflow.cuh $(wildcard llmc/*.cuh)
 	$(NVCC) $(NVCCFLAGS) $< cpu_adam.o -o $@ $(NVCC_LDLIBS)
 
 # dev/cuda: one validation + benchmark program per kernel family (built into build/cuda)
@@ -84,9 +84,9 @@ cuda_dev:
 # the tests and the bad-input checks with them)
 ASAN_FLAGS = -std=c++17 -O1 -g -fopenmp -ffp-contract=off -fsanitize=address,undefined \
              -fno-sanitize-recover=undefined -fno-omit-frame-pointer -Wall -Wno-unused-function
-%_asan: dev/%.cpp dev/train_gpt2.cpp cpu_adam.cpp $(HEADERS)
+%_asan: dev/%.cpp dev/test_common.h dev/train_gpt2.cpp cpu_adam.cpp $(HEADERS)
 	$(CXX) $(ASAN_FLAGS) $< cpu_adam.cpp -o $@ $(LDLIBS)
-test_gpt2cpu_asan: dev/test_gpt2.cpp dev/train_gpt2.cpp cpu_adam.cpp $(HEADERS)
+test_gpt2cpu_asan: dev/test_gpt2.cpp dev/test_common.h dev/train_gpt2.cpp cpu_adam.cpp $(HEADERS)
 	$(CXX) $(ASAN_FLAGS) $< cpu_adam.cpp -o $@ $(LDLIBS)
 train_gpt2cpu_asan: dev/train_gpt2.cpp cpu_adam.cpp $(HEADERS)
 	$(CXX) $(ASAN_FLAGS) $< cpu_adam.cpp -o $@ $(LDLIBS)

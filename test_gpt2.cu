@@ -51,88 +51,16 @@ Any failure makes the exit code 1. The last line is "test_gpt2cu: N passed, M fa
 #define TESTING
 #include "train_gpt2.cu"
 
-#include <limits.h>
-
 #include <algorithm>
-#include <set>
 #include <string>
 #include <vector>
 
-static int g_passed = 0, g_failed = 0;
-
-static void check(int ok, const char* what) {
-    if (ok) {
-        g_passed++;
-    } else {
-        g_failed++;
-        printf("  FAIL: %s\n", what);
-    }
-}
-
-// max |a - b| and max |b| over n elements
-static void max_errors(const float* a, const float* b, size_t n, double* max_abs, double* max_ref) {
-    *max_abs = 0.0;
-    *max_ref = 0.0;
-    for (size_t i = 0; i < n; i++) {
-        double d = fabs((double)a[i] - (double)b[i]);
-        if (!(d <= *max_abs)) { *max_abs = d; }  // also catches nan
-        double r = fabs((double)b[i]);
-        if (r > *max_ref) { *max_ref = r; }
-    }
-}
+#include "dev/test_common.h"
 
 static double relative_error(const float* ours, const float* ref, size_t n) {
     double max_abs, max_ref;
     max_errors(ours, ref, n, &max_abs, &max_ref);
     return max_ref > 0.0 ? max_abs / max_ref : max_abs;
-}
-
-static int compare_tensor(const char* name, const float* ours, const float* ref, size_t n, double tol) {
-    double max_abs, max_ref;
-    max_errors(ours, ref, n, &max_abs, &max_ref);
-    double rel = max_ref > 0.0 ? max_abs / max_ref : max_abs;
-    int ok = rel <= tol;  // false for nan
-    printf("  %-9s %10zu values  max|err| %.3e  max|ref| %.3e  rel %.3e  %s\n", name, n, max_abs, max_ref,
-           rel, ok ? "ok" : "FAIL");
-    char what[128];
-    snprintf(what, sizeof(what), "%s: rel error %.3e > %.0e", name, rel, tol);
-    check(ok, what);
-    return ok;
-}
-
-typedef struct {
-    int B, T, steps;
-    float lr, wd;
-} CaseSettings;
-
-static CaseSettings read_case(const char* dir) {
-    char path[4096];
-    snprintf(path, sizeof(path), "%s/case.txt", dir);
-    FILE* fp = fopen_check(path, "r");
-    CaseSettings s;
-    if (fscanf(fp, "%d %d %d %f %f", &s.B, &s.T, &s.steps, &s.lr, &s.wd) != 5) {
-        zf_fail("%s: expected 'B T steps lr wd'", path);
-    }
-    fclose(fp);
-    return s;
-}
-
-// reads the reference losses: lines "<t> <loss>", '#' lines are comments
-static int read_losses(const char* path, float* losses, int max_steps) {
-    FILE* fp = fopen_check(path, "r");
-    char line[1024];
-    int n = 0;
-    while (fgets(line, sizeof(line), fp) != NULL) {
-        if (line[0] == '#' || line[0] == '\n') { continue; }
-        int t;
-        double loss;
-        if (sscanf(line, "%d %lf", &t, &loss) != 2 || t != n || n >= max_steps) {
-            zf_fail("%s: bad line '%s' (expected step %d)", path, line, n);
-        }
-        losses[n++] = (float)loss;
-    }
-    fclose(fp);
-    return n;
 }
 
 static void test_case(const char* dir) {
@@ -280,33 +208,10 @@ static void test_determinism(const char* dir) {
 // ----------------------------------------------------------------------------
 // 4. ZenFlow
 
-typedef struct {
-    CaseSettings s;
-    ZfConfig z;
-} ZfCase;
-
 static int is_zenflow_case(const char* dir) {
     char path[4096];
     snprintf(path, sizeof(path), "%s/zenflow.txt", dir);
     return zf_file_size(path) >= 0;
-}
-
-static ZfCase read_zf_case(const char* dir) {
-    ZfCase c;
-    c.s = read_case(dir);
-    char path[4096], mode[32];
-    snprintf(path, sizeof(path), "%s/zenflow.txt", dir);
-    FILE* fp = fopen_check(path, "r");
-    c.z = zf_default_config();
-    if (fscanf(fp, "%31s %lf %d %d %d %d", mode, &c.z.topk, &c.z.update_interval, &c.z.select_interval,
-               &c.z.warmup, &c.z.overlap) != 6) {
-        zf_fail("%s: expected 'mode k U S W overlap'", path);
-    }
-    fclose(fp);
-    if (strcmp(mode, "adamw") == 0) { c.z.mode = ZF_MODE_ADAMW; }
-    else if (strcmp(mode, "offload") == 0) { c.z.mode = ZF_MODE_OFFLOAD; }
-    else { c.z.mode = ZF_MODE_ZENFLOW; }
-    return c;
 }
 
 typedef struct {
@@ -370,98 +275,8 @@ static ZfRun zf_run(const char* dir, const ZfCase* c, ZfConfig z, int steps, con
     return out;
 }
 
-// one selection of one matrix: its columns and (reference only) all column scores
-typedef struct {
-    int t, matrix;
-    std::vector<int> cols;
-    std::vector<double> scores;
-} Selection;
-
-static std::vector<Selection> read_selections(const char* path) {
-    std::vector<Selection> out;
-    FILE* fp = fopen_check(path, "r");
-    static char line[1 << 20];
-    while (fgets(line, sizeof(line), fp) != NULL) {
-        char* colon = strchr(line, ':');
-        if (colon == NULL || line[0] == '#') { continue; }
-        if (strncmp(line, "sel ", 4) == 0) {
-            Selection s;
-            char name[64];
-            int n;
-            if (sscanf(line, "sel %d %d %63s %d", &s.t, &s.matrix, name, &n) != 4) {
-                zf_fail("%s: bad line %s", path, line);
-            }
-            char* p = colon + 1;
-            for (int i = 0; i < n; i++) { s.cols.push_back((int)strtol(p, &p, 10)); }
-            out.push_back(s);
-        } else if (strncmp(line, "scores ", 7) == 0 && !out.empty()) {
-            char* p = colon + 1;
-            char* end;
-            for (double x = strtod(p, &end); end != p; x = strtod(p, &end)) {
-                out.back().scores.push_back(x);
-                p = end;
-            }
-        }
-    }
-    fclose(fp);
-    return out;
-}
-
-static std::vector<float> read_loss_list(const char* path) {
-    std::vector<float> out;
-    FILE* fp = fopen_check(path, "r");
-    char line[1024];
-    while (fgets(line, sizeof(line), fp) != NULL) {
-        int t;
-        double loss;
-        if (line[0] != '#' && sscanf(line, "%d %lf", &t, &loss) == 2) { out.push_back((float)loss); }
-    }
-    fclose(fp);
-    return out;
-}
-
 #define ZF_NEAR_TIE 1e-4  // relative to the boundary score (see the top of this file)
-
-// compares the selections; returns the first step where they diverge by a near-tie (losses
-// after it are not comparable), or INT_MAX
-static int compare_selections(const std::vector<Selection>& ours, const std::vector<Selection>& ref) {
-    int ok = ours.size() == ref.size(), first_tie = INT_MAX, events = 0;
-    if (!ok) { printf("    selections: %zu ours vs %zu reference\n", ours.size(), ref.size()); }
-    for (size_t i = 0; ok && i < ref.size(); i++) {
-        const Selection &a = ours[i], &r = ref[i];
-        if (a.t != r.t || a.matrix != r.matrix) {
-            ok = 0;
-            break;
-        }
-        events += r.matrix == 0;
-        if (a.cols == r.cols) { continue; }
-        std::vector<double> sorted = r.scores;
-        std::sort(sorted.begin(), sorted.end(), std::greater<double>());
-        size_t n = r.cols.size();
-        double boundary = n > 0 && n <= sorted.size() ? sorted[n - 1] : 0.0;
-        std::set<int> sa(a.cols.begin(), a.cols.end()), sr(r.cols.begin(), r.cols.end());
-        int near = a.cols.size() == n && r.scores.size() > 0;
-        for (int j : sa) {
-            if (!sr.count(j)) { near = near && fabs(r.scores[j] - boundary) <= ZF_NEAR_TIE * boundary; }
-        }
-        for (int j : sr) {
-            if (!sa.count(j)) { near = near && fabs(r.scores[j] - boundary) <= ZF_NEAR_TIE * boundary; }
-        }
-        if (near) {
-            printf("    NEAR-TIE at step %d, matrix %d: the columns differ only where reference scores are "
-                   "within %.0e of the boundary score %.9g; losses compared up to this step\n",
-                   r.t, r.matrix, ZF_NEAR_TIE, boundary);
-            first_tie = std::min(first_tie, r.t);
-        } else {
-            printf("    selection differs at step %d, matrix %d (not a near-tie)\n", r.t, r.matrix);
-            ok = 0;
-        }
-    }
-    printf("    selections: %d events x %d matrices  %s\n", events, events > 0 ? (int)ref.size() / events : 0,
-           ok ? "identical" : "DIFFER");
-    check(ok, "ZenFlow selections differ from the reference");
-    return first_tie;
-}
+#define REPORT_WIDTH 62   // report_same pads its label to this width
 
 static void test_zenflow_case(const char* dir) {
     ZfCase c = read_zf_case(dir);
@@ -470,7 +285,7 @@ static void test_zenflow_case(const char* dir) {
            c.z.overlap, c.s.steps);
     char path[4096];
     snprintf(path, sizeof(path), "%s/losses.txt", dir);
-    std::vector<float> ref = read_loss_list(path);
+    std::vector<float> ref = read_loss_file(path);
     snprintf(path, sizeof(path), "%s/selections.txt", dir);
     std::vector<Selection> ref_sel = read_selections(path);
     int transports = c.z.mode == ZF_MODE_ZENFLOW ? 2 : 1;
@@ -484,7 +299,8 @@ static void test_zenflow_case(const char* dir) {
         if (fd < 0) { zf_fail("mkstemp failed"); }
         close(fd);
         ZfRun run = zf_run(dir, &c, z, -1, sel_path);
-        int tie_step = compare_selections(read_selections(sel_path), ref_sel);
+        int tie_step = check_selections(read_selections(sel_path), ref_sel, ZF_NEAR_TIE, "    ",
+                                        "ZenFlow selections differ from the reference");
         remove(sel_path);
         check(ref.size() == run.losses.size(), "the reference has a different number of steps");
         double worst = 0.0;
@@ -507,19 +323,6 @@ static void test_zenflow_case(const char* dir) {
         printf("  (info) -za cpu vs -za gpu: max |loss difference| %.3e (%s)\n", diff,
                diff == 0.0 ? "bitwise equal" : "A is rounded differently, spec 7");
     }
-}
-
-static int same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-    return a.size() == b.size() && memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
-
-static int same_run(const ZfRun& a, const ZfRun& b) { return same_bits(a.losses, b.losses) && same_bits(a.params, b.params); }
-
-static void report_same(int same, const char* what) {
-    printf("  %-62s %s\n", what, same ? "bitwise" : "DIFFERS");
-    char msg[320];
-    snprintf(msg, sizeof(msg), "%s: not bitwise equal", what);
-    check(same, msg);
 }
 
 static void test_zenflow_invariants(const char* dir) {
@@ -553,7 +356,7 @@ static void test_zenflow_invariants(const char* dir) {
     ZfConfig adamw = zf_default_config();
     adamw.mode = ZF_MODE_ADAMW;
     ZfRun ref = zf_run(dir, &c, adamw, -1, NULL);
-    report_same(same_run(ref, plain), "-zo adamw == plain AdamW (gpt2_update)");
+    report_same(same_run(ref, plain), "-zo adamw == plain AdamW (gpt2_update)", REPORT_WIDTH);
     double ks[3] = {0.05, 0.1, 0.5};
     for (int tr = 0; tr < 2; tr++) {
         for (double k : ks) {
@@ -564,12 +367,12 @@ static void test_zenflow_invariants(const char* dir) {
             z.select_interval = 2;
             z.transport = tr;
             snprintf(what, sizeof(what), "zenflow k=%.2f U=1 S=2 overlap off -za %s == adamw", k, zf_transport_names[tr]);
-            report_same(same_run(zf_run(dir, &c, z, -1, NULL), ref), what);
+            report_same(same_run(zf_run(dir, &c, z, -1, NULL), ref), what, REPORT_WIDTH);
         }
     }
     ZfConfig off = zf_default_config();
     off.mode = ZF_MODE_OFFLOAD;
-    report_same(same_run(zf_run(dir, &c, off, -1, NULL), ref), "offload == adamw");
+    report_same(same_run(zf_run(dir, &c, off, -1, NULL), ref), "offload == adamw", REPORT_WIDTH);
 
     // determinism of the threaded path, with copies in flight; it must differ from adamw
     for (int tr = 0; tr < 2; tr++) {
@@ -584,17 +387,17 @@ static void test_zenflow_invariants(const char* dir) {
         ZfRun delayed = zf_run(dir, &c, z, -1, NULL);
         unsetenv("ZF_UPDATER_DELAY_US");
         snprintf(what, sizeof(what), "zenflow U=3 S=6 overlap -za %s, run twice", zf_transport_names[tr]);
-        report_same(same_run(first, second), what);
+        report_same(same_run(first, second), what, REPORT_WIDTH);
         snprintf(what, sizeof(what), "zenflow U=3 S=6 overlap -za %s, with random updater delays", zf_transport_names[tr]);
-        report_same(same_run(first, delayed), what);
-        int differs = !same_bits(first.losses, ref.losses);
+        report_same(same_run(first, delayed), what, REPORT_WIDTH);
+        int differs = !bitwise_equal(first.losses, ref.losses);
         printf("  %-62s %s\n", "  ... and differs from adamw (the CPU side does something)", differs ? "yes" : "NO");
         check(differs, "zenflow with U=3 and overlap equals adamw");
         // checkpoint after step 5: the window closed at step 3 is still pending (applied at
         // step 6), and a window of 2 steps is open (A in the gradient buffer with -za gpu)
         ZfRun resumed = zf_run(dir, &c, z, -1, NULL, 5);
         snprintf(what, sizeof(what), "zenflow -za %s, checkpoint after step 5 and resume", zf_transport_names[tr]);
-        report_same(same_run(first, resumed), what);
+        report_same(same_run(first, resumed), what, REPORT_WIDTH);
     }
 }
 

@@ -27,77 +27,7 @@ Any failure makes the exit code 1.
 #define TESTING
 #include "train_gpt2.cpp"
 
-static int g_passed = 0, g_failed = 0;
-
-static void check(int ok, const char* what) {
-    if (ok) {
-        g_passed++;
-    } else {
-        g_failed++;
-        printf("  FAIL: %s\n", what);
-    }
-}
-
-// max |a - b| and max |b| over n elements
-static void max_errors(const float* a, const float* b, size_t n, double* max_abs, double* max_ref) {
-    *max_abs = 0.0;
-    *max_ref = 0.0;
-    for (size_t i = 0; i < n; i++) {
-        double d = fabs((double)a[i] - (double)b[i]);
-        if (!(d <= *max_abs)) { *max_abs = d; }  // also catches nan
-        double r = fabs((double)b[i]);
-        if (r > *max_ref) { *max_ref = r; }
-    }
-}
-
-static int compare_tensor(const char* name, const float* ours, const float* ref, size_t n,
-                          double tol) {
-    double max_abs, max_ref;
-    max_errors(ours, ref, n, &max_abs, &max_ref);
-    double rel = max_ref > 0.0 ? max_abs / max_ref : max_abs;
-    int ok = rel <= tol;  // false for nan
-    printf("  %-9s %10zu values  max|err| %.3e  max|ref| %.3e  rel %.3e  %s\n", name, n, max_abs,
-           max_ref, rel, ok ? "ok" : "FAIL");
-    char what[128];
-    snprintf(what, sizeof(what), "%s: rel error %.3e > %.0e", name, rel, tol);
-    check(ok, what);
-    return ok;
-}
-
-typedef struct {
-    int B, T, steps;
-    float lr, wd;
-} CaseSettings;
-
-static CaseSettings read_case(const char* dir) {
-    char path[4096];
-    snprintf(path, sizeof(path), "%s/case.txt", dir);
-    FILE* fp = fopen_check(path, "r");
-    CaseSettings s;
-    if (fscanf(fp, "%d %d %d %f %f", &s.B, &s.T, &s.steps, &s.lr, &s.wd) != 5) {
-        zf_fail("%s: expected 'B T steps lr wd'", path);
-    }
-    fclose(fp);
-    return s;
-}
-
-// reads the reference losses: lines "<t> <loss>", '#' lines are comments
-static int read_losses(const char* path, float* losses, int max_steps) {
-    FILE* fp = fopen_check(path, "r");
-    char line[1024];
-    int n = 0;
-    while (fgets(line, sizeof(line), fp) != NULL) {
-        if (line[0] == '#' || line[0] == '\n') { continue; }
-        int t;
-        double loss;
-        if (sscanf(line, "%d %lf", &t, &loss) != 2 || t != n || n >= max_steps) {
-            zf_fail("%s: bad line '%s' (expected step %d)", path, line, n);
-        }
-        losses[n++] = (float)loss;
-    }
-    fclose(fp);
-    return n;
-}
+#include "test_common.h"
 
 static void test_case(const char* dir) {
     char path[4096];

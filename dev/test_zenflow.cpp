@@ -25,72 +25,31 @@ zenflow.txt ("mode k U S W overlap"), and the reference's losses.txt and selecti
 #define TESTING
 #include "train_gpt2.cpp"
 
-#include <limits.h>
-
-#include <set>
 #include <string>
 
-static int g_passed = 0, g_failed = 0;
-
-static void check(int ok, const char* what) {
-    if (ok) {
-        g_passed++;
-    } else {
-        g_failed++;
-        printf("  FAIL: %s\n", what);
-    }
-}
-
-typedef struct {
-    int B, T, steps;
-    float lr, wd;
-    ZfConfig zcfg;
-} ZfCase;
-
-static ZfCase read_zf_case(const char* dir) {
-    ZfCase c;
-    char path[4096], mode[32];
-    snprintf(path, sizeof(path), "%s/case.txt", dir);
-    FILE* fp = fopen_check(path, "r");
-    if (fscanf(fp, "%d %d %d %f %f", &c.B, &c.T, &c.steps, &c.lr, &c.wd) != 5) {
-        zf_fail("%s: expected 'B T steps lr wd'", path);
-    }
-    fclose(fp);
-    snprintf(path, sizeof(path), "%s/zenflow.txt", dir);
-    fp = fopen_check(path, "r");
-    c.zcfg = zf_default_config();
-    if (fscanf(fp, "%31s %lf %d %d %d %d", mode, &c.zcfg.topk, &c.zcfg.update_interval,
-               &c.zcfg.select_interval, &c.zcfg.warmup, &c.zcfg.overlap) != 6) {
-        zf_fail("%s: expected 'mode k U S W overlap'", path);
-    }
-    fclose(fp);
-    if (strcmp(mode, "adamw") == 0) { c.zcfg.mode = ZF_MODE_ADAMW; }
-    else if (strcmp(mode, "offload") == 0) { c.zcfg.mode = ZF_MODE_OFFLOAD; }
-    else { c.zcfg.mode = ZF_MODE_ZENFLOW; }
-    return c;
-}
+#include "test_common.h"
 
 // trains `steps` steps of the case's run with the given ZenFlow settings; returns the losses;
 // writes the selection log to sel_path if not NULL
-static std::vector<float> run(const char* dir, const ZfCase* c, ZfConfig zcfg, const char* sel_path) {
+static std::vector<float> run(const char* dir, const ZfCase* c, ZfConfig z, const char* sel_path) {
     char path[4096];
     snprintf(path, sizeof(path), "%s/model.bin", dir);
     GPT2 model;
     gpt2_build(&model, path, 0);
     snprintf(path, sizeof(path), "%s/train.bin", dir);
     DataLoader loader;
-    dataloader_init(&loader, path, c->B, c->T, model.config.vocab_size);
+    dataloader_init(&loader, path, c->s.B, c->s.T, model.config.vocab_size);
     ZenFlow zf;
     CpuDevice device;
-    zenflow_cpu_init(&zf, &device, &model, zcfg);
+    zenflow_cpu_init(&zf, &device, &model, z);
     if (sel_path != NULL) { zf.selection_log = fopen_check(sel_path, "w"); }
-    ZfAdamHyper hyper = {c->lr, 0.9f, 0.95f, 1e-8f, c->wd};
+    ZfAdamHyper hyper = {c->s.lr, 0.9f, 0.95f, 1e-8f, c->s.wd};
     std::vector<float> losses;
-    for (int t = 0; t < c->steps; t++) {
+    for (int t = 0; t < c->s.steps; t++) {
         dataloader_next_batch(&loader);
-        gpt2_forward(&model, loader.inputs, loader.targets, c->B, c->T);
+        gpt2_forward(&model, loader.inputs, loader.targets, c->s.B, c->s.T);
         gpt2_zero_grad(&model);
-        gpt2_backward(&model, c->B, c->T);
+        gpt2_backward(&model, c->s.B, c->s.T);
         zf_step(&zf, t, hyper);
         losses.push_back(model.mean_loss);
     }
@@ -102,108 +61,21 @@ static std::vector<float> run(const char* dir, const ZfCase* c, ZfConfig zcfg, c
     return losses;
 }
 
-// one selection of one matrix: its columns and (reference only) all column scores
-typedef struct {
-    int t, matrix;
-    std::vector<int> cols;
-    std::vector<double> scores;
-} Selection;
-
-static std::vector<Selection> read_selections(const char* path) {
-    std::vector<Selection> out;
-    FILE* fp = fopen_check(path, "r");
-    static char line[1 << 20];
-    while (fgets(line, sizeof(line), fp) != NULL) {
-        char* colon = strchr(line, ':');
-        if (colon == NULL || line[0] == '#') { continue; }
-        if (strncmp(line, "sel ", 4) == 0) {
-            Selection s;
-            char name[64];
-            int n;
-            if (sscanf(line, "sel %d %d %63s %d", &s.t, &s.matrix, name, &n) != 4) {
-                zf_fail("%s: bad line %s", path, line);
-            }
-            char* p = colon + 1;
-            for (int i = 0; i < n; i++) { s.cols.push_back((int)strtol(p, &p, 10)); }
-            out.push_back(s);
-        } else if (strncmp(line, "scores ", 7) == 0 && !out.empty()) {
-            char* p = colon + 1;
-            char* end;
-            for (double x = strtod(p, &end); end != p; x = strtod(p, &end)) {
-                out.back().scores.push_back(x);
-                p = end;
-            }
-        }
-    }
-    fclose(fp);
-    return out;
-}
-
-static std::vector<float> read_loss_file(const char* path) {
-    std::vector<float> out;
-    FILE* fp = fopen_check(path, "r");
-    char line[1024];
-    while (fgets(line, sizeof(line), fp) != NULL) {
-        int t;
-        double loss;
-        if (line[0] != '#' && sscanf(line, "%d %lf", &t, &loss) == 2) { out.push_back((float)loss); }
-    }
-    fclose(fp);
-    return out;
-}
-
-// compares the selections; returns the first step where they diverge by a near-tie
-// (losses after it are not comparable), or INT_MAX
-static int compare_selections(const std::vector<Selection>& ours, const std::vector<Selection>& ref) {
-    int ok = ours.size() == ref.size(), first_tie = INT_MAX, events = 0;
-    if (!ok) { printf("  selections: %zu ours vs %zu reference\n", ours.size(), ref.size()); }
-    for (size_t i = 0; ok && i < ref.size(); i++) {
-        const Selection &a = ours[i], &r = ref[i];
-        if (a.t != r.t || a.matrix != r.matrix) { ok = 0; break; }
-        events += r.matrix == 0;
-        if (a.cols == r.cols) { continue; }
-        // which columns differ, and is each within rounding of the boundary score?
-        std::vector<double> sorted = r.scores;
-        std::sort(sorted.begin(), sorted.end(), std::greater<double>());
-        size_t n = r.cols.size();
-        double boundary = n > 0 && n <= sorted.size() ? sorted[n - 1] : 0.0;
-        std::set<int> sa(a.cols.begin(), a.cols.end()), sr(r.cols.begin(), r.cols.end());
-        int near = a.cols.size() == n;
-        for (int j : sa) {
-            if (!sr.count(j)) { near = near && fabs(r.scores[j] - boundary) <= 1e-5 * boundary; }
-        }
-        for (int j : sr) {
-            if (!sa.count(j)) { near = near && fabs(r.scores[j] - boundary) <= 1e-5 * boundary; }
-        }
-        if (near) {
-            printf("  NEAR-TIE at step %d, matrix %d: the columns differ only where reference "
-                   "scores are within 1e-5 of the boundary score %.9g; losses compared up to "
-                   "this step\n", r.t, r.matrix, boundary);
-            first_tie = std::min(first_tie, r.t);
-        } else {
-            printf("  selection differs at step %d, matrix %d (not a near-tie)\n", r.t, r.matrix);
-            ok = 0;
-        }
-    }
-    printf("  selections: %d events x %d matrices  %s\n", events,
-           events > 0 ? (int)ref.size() / events : 0, ok ? "identical" : "DIFFER");
-    check(ok, "selections differ from the reference");
-    return first_tie;
-}
-
 static void test_against_reference(const char* dir) {
     ZfCase c = read_zf_case(dir);
     printf("== %s: %s k=%g U=%d S=%d W=%d overlap=%d, %d steps\n", dir,
-           zf_mode_names[c.zcfg.mode], c.zcfg.topk, c.zcfg.update_interval,
-           c.zcfg.select_interval, c.zcfg.warmup, c.zcfg.overlap, c.steps);
+           zf_mode_names[c.z.mode], c.z.topk, c.z.update_interval,
+           c.z.select_interval, c.z.warmup, c.z.overlap, c.s.steps);
     char sel_path[] = "/tmp/zf_selections_XXXXXX";
     int fd = mkstemp(sel_path);
     if (fd < 0) { zf_fail("mkstemp failed"); }
     close(fd);
-    std::vector<float> ours = run(dir, &c, c.zcfg, sel_path);
+    std::vector<float> ours = run(dir, &c, c.z, sel_path);
     char path[4096];
     snprintf(path, sizeof(path), "%s/selections.txt", dir);
-    int tie_step = compare_selections(read_selections(sel_path), read_selections(path));
+    // near-ties: reference scores within 1e-5 of the boundary score (see the top of this file)
+    int tie_step = check_selections(read_selections(sel_path), read_selections(path), 1e-5, "  ",
+                                    "selections differ from the reference");
     remove(sel_path);
     snprintf(path, sizeof(path), "%s/losses.txt", dir);
     std::vector<float> ref = read_loss_file(path);
@@ -218,10 +90,6 @@ static void test_against_reference(const char* dir) {
     printf("  losses: %d steps compared, first %.6f last %.6f, max |err| vs reference %.3e  %s\n",
            compared, ours.front(), ours.back(), worst, worst <= 2e-5 ? "ok" : "FAIL");
     check(worst <= 2e-5, "losses differ from the reference by more than 2e-5");
-}
-
-static int bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
-    return a.size() == b.size() && memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
 static void test_invariants(const char* dir) {

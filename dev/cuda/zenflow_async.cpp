@@ -30,22 +30,10 @@ early differ, and differ from the plain CPU backend. Checks:
 #define TESTING
 #include "../train_gpt2.cpp"
 
-#include <limits.h>
-
 #include <map>
 #include <mutex>
-#include <set>
 
-static int g_passed = 0, g_failed = 0;
-
-static void check(int ok, const char* what) {
-    if (ok) {
-        g_passed++;
-    } else {
-        g_failed++;
-        printf("  FAIL: %s\n", what);
-    }
-}
+#include "../test_common.h"
 
 // ----------------------------------------------------------------------------
 // a CPU device whose copies land late (or early)
@@ -186,32 +174,6 @@ static void lazy_init(ZenFlow* zf, LazyDevice* dev, GPT2* model, ZfConfig cfg, i
 // ----------------------------------------------------------------------------
 // runs
 
-typedef struct {
-    int B, T, steps;
-    float lr, wd;
-    ZfConfig z;
-} Case;
-
-static Case read_zf_case(const char* dir) {
-    Case c;
-    char path[4096], mode[32];
-    snprintf(path, sizeof(path), "%s/case.txt", dir);
-    FILE* fp = fopen_check(path, "r");
-    if (fscanf(fp, "%d %d %d %f %f", &c.B, &c.T, &c.steps, &c.lr, &c.wd) != 5) { zf_fail("%s: bad", path); }
-    fclose(fp);
-    snprintf(path, sizeof(path), "%s/zenflow.txt", dir);
-    fp = fopen_check(path, "r");
-    c.z = zf_default_config();
-    if (fscanf(fp, "%31s %lf %d %d %d %d", mode, &c.z.topk, &c.z.update_interval, &c.z.select_interval,
-               &c.z.warmup, &c.z.overlap) != 6) {
-        zf_fail("%s: bad", path);
-    }
-    fclose(fp);
-    c.z.mode = strcmp(mode, "adamw") == 0 ? ZF_MODE_ADAMW : strcmp(mode, "offload") == 0 ? ZF_MODE_OFFLOAD
-                                                                                            : ZF_MODE_ZENFLOW;
-    return c;
-}
-
 enum { PLAIN = 0, LATE = 1, EARLY = 2 };
 static const char* const device_names[3] = {"CPU backend", "late copies", "early copies"};
 
@@ -221,14 +183,14 @@ typedef struct {
 
 // the case's run with settings z on a device kind; selections to sel_path if not NULL; with
 // save_at > 0 a checkpoint after that many steps, then a fresh model and ZenFlow resume it
-static Run run(const char* dir, const Case* c, ZfConfig z, int kind, const char* sel_path, int save_at = 0) {
+static Run run(const char* dir, const ZfCase* c, ZfConfig z, int kind, const char* sel_path, int save_at = 0) {
     char path[4096];
     snprintf(path, sizeof(path), "%s/model.bin", dir);
     GPT2 model;
     gpt2_build(&model, path, 0);
     snprintf(path, sizeof(path), "%s/train.bin", dir);
     DataLoader loader;
-    dataloader_init(&loader, path, c->B, c->T, model.config.vocab_size);
+    dataloader_init(&loader, path, c->s.B, c->s.T, model.config.vocab_size);
     ZenFlow zf;
     LazyDevice* dev = new LazyDevice;
     if (kind == PLAIN) {
@@ -237,9 +199,9 @@ static Run run(const char* dir, const Case* c, ZfConfig z, int kind, const char*
         lazy_init(&zf, dev, &model, z, kind == LATE);
     }
     if (sel_path != NULL) { zf.selection_log = fopen_check(sel_path, "w"); }
-    ZfAdamHyper hyper = {c->lr, 0.9f, 0.95f, 1e-8f, c->wd};
+    ZfAdamHyper hyper = {c->s.lr, 0.9f, 0.95f, 1e-8f, c->s.wd};
     Run out;
-    for (int t = 0; t < c->steps; t++) {
+    for (int t = 0; t < c->s.steps; t++) {
         if (save_at > 0 && t == save_at) {
             FILE* fp = tmpfile();
             zf_save_state(&zf, fp, "checkpoint test");
@@ -263,9 +225,9 @@ static Run run(const char* dir, const Case* c, ZfConfig z, int kind, const char*
             fclose(fp);
         }
         dataloader_next_batch(&loader);
-        gpt2_forward(&model, loader.inputs, loader.targets, c->B, c->T);
+        gpt2_forward(&model, loader.inputs, loader.targets, c->s.B, c->s.T);
         zf_zero_grads(&zf);
-        gpt2_backward(&model, c->B, c->T);
+        gpt2_backward(&model, c->s.B, c->s.T);
         zf_step(&zf, t, hyper);
         out.losses.push_back(model.mean_loss);
     }
@@ -281,90 +243,20 @@ static Run run(const char* dir, const Case* c, ZfConfig z, int kind, const char*
     return out;
 }
 
-static int same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-    return a.size() == b.size() && memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
-
-static int same_run(const Run& a, const Run& b) { return same_bits(a.losses, b.losses) && same_bits(a.params, b.params); }
-
-static void report_same(int same, const char* what) {
-    printf("  %-66s %s\n", what, same ? "bitwise" : "DIFFERS");
-    char msg[320];
-    snprintf(msg, sizeof(msg), "%s: not bitwise equal", what);
-    check(same, msg);
-}
-
 // ----------------------------------------------------------------------------
-// the reference: selections and losses (as dev/test_zenflow.cpp compares them)
+// the checks
 
-typedef struct {
-    int t, matrix;
-    std::vector<int> cols;
-    std::vector<double> scores;
-} Selection;
-
-static std::vector<Selection> read_selections(const char* path) {
-    std::vector<Selection> out;
-    FILE* fp = fopen_check(path, "r");
-    static char line[1 << 20];
-    while (fgets(line, sizeof(line), fp) != NULL) {
-        char* colon = strchr(line, ':');
-        if (colon == NULL || line[0] == '#') { continue; }
-        if (strncmp(line, "sel ", 4) == 0) {
-            Selection s;
-            char name[64];
-            int n;
-            if (sscanf(line, "sel %d %d %63s %d", &s.t, &s.matrix, name, &n) != 4) { zf_fail("%s: bad line", path); }
-            char* p = colon + 1;
-            for (int i = 0; i < n; i++) { s.cols.push_back((int)strtol(p, &p, 10)); }
-            out.push_back(s);
-        } else if (strncmp(line, "scores ", 7) == 0 && !out.empty()) {
-            char* p = colon + 1;
-            char* end;
-            for (double x = strtod(p, &end); end != p; x = strtod(p, &end)) {
-                out.back().scores.push_back(x);
-                p = end;
-            }
-        }
-    }
-    fclose(fp);
-    return out;
-}
-
-// 1 if equal or differing only by near-ties (1e-5 of the boundary score); *tie_step = the
-// first near-tie's step (losses after it are not comparable), else INT_MAX
-static int compare_selections(const std::vector<Selection>& ours, const std::vector<Selection>& ref, int* tie_step) {
-    *tie_step = INT_MAX;
-    if (ours.size() != ref.size()) { return 0; }
-    for (size_t i = 0; i < ref.size(); i++) {
-        const Selection &a = ours[i], &r = ref[i];
-        if (a.t != r.t || a.matrix != r.matrix) { return 0; }
-        if (a.cols == r.cols) { continue; }
-        std::vector<double> sorted = r.scores;
-        std::sort(sorted.begin(), sorted.end(), std::greater<double>());
-        double boundary = r.cols.empty() ? 0.0 : sorted[r.cols.size() - 1];
-        std::set<int> sa(a.cols.begin(), a.cols.end()), sr(r.cols.begin(), r.cols.end());
-        for (int j : sa) {
-            if (!sr.count(j) && fabs(r.scores[j] - boundary) > 1e-5 * boundary) { return 0; }
-        }
-        for (int j : sr) {
-            if (!sa.count(j) && fabs(r.scores[j] - boundary) > 1e-5 * boundary) { return 0; }
-        }
-        printf("    NEAR-TIE at step %d, matrix %d (boundary score %.9g)\n", r.t, r.matrix, boundary);
-        *tie_step = std::min(*tie_step, r.t);
-    }
-    return 1;
-}
+#define REPORT_WIDTH 66  // report_same pads its label to this width
 
 static void test_case(const char* dir) {
-    Case c = read_zf_case(dir);
+    ZfCase c = read_zf_case(dir);
     printf("== %s: %s k=%g U=%d S=%d W=%d overlap=%d, %d steps\n", dir, zf_mode_names[c.z.mode], c.z.topk,
-           c.z.update_interval, c.z.select_interval, c.z.warmup, c.z.overlap, c.steps);
+           c.z.update_interval, c.z.select_interval, c.z.warmup, c.z.overlap, c.s.steps);
     char what[256];
     Run plain = run(dir, &c, c.z, PLAIN, NULL);
     for (int kind = LATE; kind <= EARLY; kind++) {
         snprintf(what, sizeof(what), "-za cpu, %s == CPU backend", device_names[kind]);
-        report_same(same_run(run(dir, &c, c.z, kind, NULL), plain), what);
+        report_same(same_run(run(dir, &c, c.z, kind, NULL), plain), what, REPORT_WIDTH);
     }
     if (c.z.mode != ZF_MODE_ZENFLOW) { return; }  // adamw and offload ignore -za
     ZfConfig z = c.z;
@@ -375,35 +267,32 @@ static void test_case(const char* dir) {
     close(fd);
     Run late = run(dir, &c, z, LATE, sel_path);
     Run early = run(dir, &c, z, EARLY, NULL);
-    report_same(same_run(late, early), "-za gpu, late copies == early copies");
+    report_same(same_run(late, early), "-za gpu, late copies == early copies", REPORT_WIDTH);
     char path[4096];
     snprintf(path, sizeof(path), "%s/selections.txt", dir);
-    int tie_step;
-    int ok = compare_selections(read_selections(sel_path), read_selections(path), &tie_step);
+    // against the reference as dev/test_zenflow.cpp compares: near-ties within 1e-5 of the
+    // boundary score are reported, and losses are compared up to the first one (tie_step)
+    int tie_step, events;
+    int ok = compare_selections(read_selections(sel_path), read_selections(path), 1e-5, "    ", &tie_step, &events);
     remove(sel_path);
     printf("  %-66s %s\n", "-za gpu, selections vs the reference", ok ? "identical (or near-ties)" : "DIFFER");
     check(ok, "-za gpu: selections differ from the reference");
     snprintf(path, sizeof(path), "%s/losses.txt", dir);
-    FILE* fp = fopen_check(path, "r");
-    char line[256];
+    std::vector<double> ref = read_loss_file<double>(path);
     double worst = 0.0, transports = 0.0;
     int t = 0;
-    while (fgets(line, sizeof(line), fp) != NULL) {
-        int step;
-        double loss;
-        if (line[0] == '#' || sscanf(line, "%d %lf", &step, &loss) != 2) { continue; }
+    for (double loss : ref) {
         if (t < (int)late.losses.size() && t <= tie_step) { worst = std::max(worst, fabs(late.losses[t] - loss)); }
         if (t < (int)late.losses.size()) { transports = std::max(transports, fabs((double)late.losses[t] - plain.losses[t])); }
         t++;
     }
-    fclose(fp);
     printf("  %-66s %.3e  %s\n", "-za gpu, max |loss - reference|", worst, worst <= 2e-5 ? "ok" : "FAIL");
     check(worst <= 2e-5 && t == (int)late.losses.size(), "-za gpu: losses differ from the reference");
     printf("  %-66s %.3e  (info: spec 7)\n", "-za gpu vs -za cpu, max |loss difference|", transports);
 }
 
 static void test_invariants(const char* dir) {
-    Case c = read_zf_case(dir);
+    ZfCase c = read_zf_case(dir);
     printf("== more settings on %s: late copies == early copies (and == the CPU backend with -za cpu)\n", dir);
     struct { double k; int U, S, W, overlap; } more[] = {
         {0.1, 1, 4, 0, 1}, {0.2, 2, 4, 1, 1}, {0.0, 2, 4, 0, 1}, {0.3, 5, 0, 0, 1}, {0.1, 3, 3, 2, 0}};
@@ -420,11 +309,11 @@ static void test_invariants(const char* dir) {
             Run late = run(dir, &c, z, LATE, NULL);
             snprintf(what, sizeof(what), "k=%.1f U=%d S=%d W=%d overlap %s -za %s: late == early", m.k, m.U, m.S,
                      m.W, m.overlap ? "on" : "off", zf_transport_names[tr]);
-            report_same(same_run(late, run(dir, &c, z, EARLY, NULL)), what);
+            report_same(same_run(late, run(dir, &c, z, EARLY, NULL)), what, REPORT_WIDTH);
             if (tr == ZF_ACC_CPU) {
                 snprintf(what, sizeof(what), "k=%.1f U=%d S=%d W=%d overlap %s -za cpu: late == CPU backend", m.k,
                          m.U, m.S, m.W, m.overlap ? "on" : "off");
-                report_same(same_run(late, run(dir, &c, z, PLAIN, NULL)), what);
+                report_same(same_run(late, run(dir, &c, z, PLAIN, NULL)), what, REPORT_WIDTH);
             }
         }
     }
@@ -442,7 +331,7 @@ static void test_invariants(const char* dir) {
         z.select_interval = 2;
         z.transport = ZF_ACC_GPU;
         snprintf(what, sizeof(what), "zenflow k=%.2f U=1 S=2 overlap off -za gpu == adamw", k);
-        report_same(same_run(run(dir, &c, z, LATE, NULL), ref), what);
+        report_same(same_run(run(dir, &c, z, LATE, NULL), ref), what, REPORT_WIDTH);
     }
     for (int tr = 0; tr < 2; tr++) {
         ZfConfig z = zf_default_config();
@@ -454,18 +343,18 @@ static void test_invariants(const char* dir) {
         Run delayed = run(dir, &c, z, LATE, NULL);
         unsetenv("ZF_UPDATER_DELAY_US");
         snprintf(what, sizeof(what), "zenflow U=3 S=6 overlap -za %s, with random updater delays", zf_transport_names[tr]);
-        report_same(same_run(first, delayed), what);
+        report_same(same_run(first, delayed), what, REPORT_WIDTH);
         for (int save_at : {5, 7}) {
             snprintf(what, sizeof(what), "zenflow U=3 S=6 overlap -za %s, checkpoint after step %d, resumed",
                      zf_transport_names[tr], save_at);
-            report_same(same_run(first, run(dir, &c, z, LATE, NULL, save_at)), what);
+            report_same(same_run(first, run(dir, &c, z, LATE, NULL, save_at)), what, REPORT_WIDTH);
         }
         z.overlap = 0;
         z.warmup = 2;
         Run sync = run(dir, &c, z, LATE, NULL);
         snprintf(what, sizeof(what), "zenflow U=3 W=2 overlap off -za %s, checkpoint after step 4, resumed",
                  zf_transport_names[tr]);
-        report_same(same_run(sync, run(dir, &c, z, LATE, NULL, 4)), what);
+        report_same(same_run(sync, run(dir, &c, z, LATE, NULL, 4)), what, REPORT_WIDTH);
     }
 }
 

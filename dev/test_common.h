@@ -1,0 +1,267 @@
+/*
+Helpers shared by the test programs: dev/test_gpt2.cpp, dev/test_zenflow.cpp,
+dev/cuda/zenflow_async.cpp (CPU trainer) and test_gpt2.cu (CUDA trainer).
+
+  - check() and the g_passed / g_failed counters behind each program's summary line;
+  - max_errors / compare_tensor: a tensor against its reference, error relative to the tensor;
+  - the case directories of scripts/make_test_refs.sh: read_case (case.txt "B T steps lr wd"),
+    read_zf_case (+ zenflow.txt "mode k U S W overlap"), read_losses / read_loss_file
+    (losses.txt), read_selections (selections.txt, or a trainer's selection log);
+  - compare_selections / check_selections: ZenFlow's column selections against the reference,
+    with the NEAR-TIE detection;
+  - bitwise_equal / same_run / report_same: the exact (bitwise) invariants.
+
+Plain C++17, host code only. Include it AFTER the trainer (dev/train_gpt2.cpp or
+train_gpt2.cu): it uses the trainer's fopen_check, zf_fail and ZenFlow's ZfConfig.
+*/
+#pragma once
+
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <algorithm>
+#include <functional>
+#include <set>
+#include <vector>
+
+static int g_passed = 0, g_failed = 0;
+
+static inline void check(int ok, const char* what) {
+    if (ok) {
+        g_passed++;
+    } else {
+        g_failed++;
+        printf("  FAIL: %s\n", what);
+    }
+}
+
+// max |a - b| and max |b| over n elements
+static inline void max_errors(const float* a, const float* b, size_t n, double* max_abs, double* max_ref) {
+    *max_abs = 0.0;
+    *max_ref = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - (double)b[i]);
+        if (!(d <= *max_abs)) { *max_abs = d; }  // also catches nan
+        double r = fabs((double)b[i]);
+        if (r > *max_ref) { *max_ref = r; }
+    }
+}
+
+// prints and checks max |ours - ref| / max |ref| <= tol (the error relative to the tensor)
+static inline int compare_tensor(const char* name, const float* ours, const float* ref, size_t n, double tol) {
+    double max_abs, max_ref;
+    max_errors(ours, ref, n, &max_abs, &max_ref);
+    double rel = max_ref > 0.0 ? max_abs / max_ref : max_abs;
+    int ok = rel <= tol;  // false for nan
+    printf("  %-9s %10zu values  max|err| %.3e  max|ref| %.3e  rel %.3e  %s\n", name, n, max_abs, max_ref,
+           rel, ok ? "ok" : "FAIL");
+    char what[128];
+    snprintf(what, sizeof(what), "%s: rel error %.3e > %.0e", name, rel, tol);
+    check(ok, what);
+    return ok;
+}
+
+// ----------------------------------------------------------------------------
+// case directories (scripts/make_test_refs.sh)
+
+typedef struct {
+    int B, T, steps;
+    float lr, wd;
+} CaseSettings;
+
+static inline CaseSettings read_case(const char* dir) {
+    char path[4096];
+    snprintf(path, sizeof(path), "%s/case.txt", dir);
+    FILE* fp = fopen_check(path, "r");
+    CaseSettings s;
+    if (fscanf(fp, "%d %d %d %f %f", &s.B, &s.T, &s.steps, &s.lr, &s.wd) != 5) {
+        zf_fail("%s: expected 'B T steps lr wd'", path);
+    }
+    fclose(fp);
+    return s;
+}
+
+// a zenflow case: case.txt and zenflow.txt ("mode k U S W overlap")
+typedef struct {
+    CaseSettings s;
+    ZfConfig z;
+} ZfCase;
+
+static inline ZfCase read_zf_case(const char* dir) {
+    ZfCase c;
+    c.s = read_case(dir);
+    char path[4096], mode[32];
+    snprintf(path, sizeof(path), "%s/zenflow.txt", dir);
+    FILE* fp = fopen_check(path, "r");
+    c.z = zf_default_config();
+    if (fscanf(fp, "%31s %lf %d %d %d %d", mode, &c.z.topk, &c.z.update_interval, &c.z.select_interval,
+               &c.z.warmup, &c.z.overlap) != 6) {
+        zf_fail("%s: expected 'mode k U S W overlap'", path);
+    }
+    fclose(fp);
+    if (strcmp(mode, "adamw") == 0) { c.z.mode = ZF_MODE_ADAMW; }
+    else if (strcmp(mode, "offload") == 0) { c.z.mode = ZF_MODE_OFFLOAD; }
+    else { c.z.mode = ZF_MODE_ZENFLOW; }
+    return c;
+}
+
+// reads the reference losses: lines "<t> <loss>", '#' lines are comments; strict: the steps
+// must be 0, 1, 2, ... and at most max_steps of them. Returns how many were read.
+static inline int read_losses(const char* path, float* losses, int max_steps) {
+    FILE* fp = fopen_check(path, "r");
+    char line[1024];
+    int n = 0;
+    while (fgets(line, sizeof(line), fp) != NULL) {
+        if (line[0] == '#' || line[0] == '\n') { continue; }
+        int t;
+        double loss;
+        if (sscanf(line, "%d %lf", &t, &loss) != 2 || t != n || n >= max_steps) {
+            zf_fail("%s: bad line '%s' (expected step %d)", path, line, n);
+        }
+        losses[n++] = (float)loss;
+    }
+    fclose(fp);
+    return n;
+}
+
+// reads the reference losses, lenient: the loss of every "<t> <loss>" line in order, other
+// lines and '#' lines are skipped. Real = double keeps the file's digits unrounded.
+template <typename Real = float>
+static inline std::vector<Real> read_loss_file(const char* path) {
+    std::vector<Real> out;
+    FILE* fp = fopen_check(path, "r");
+    char line[1024];
+    while (fgets(line, sizeof(line), fp) != NULL) {
+        int t;
+        double loss;
+        if (line[0] != '#' && sscanf(line, "%d %lf", &t, &loss) == 2) { out.push_back((Real)loss); }
+    }
+    fclose(fp);
+    return out;
+}
+
+// ----------------------------------------------------------------------------
+// ZenFlow's selections
+
+// one selection of one matrix: its columns and (reference only) all column scores
+typedef struct {
+    int t, matrix;
+    std::vector<int> cols;
+    std::vector<double> scores;
+} Selection;
+
+static inline std::vector<Selection> read_selections(const char* path) {
+    std::vector<Selection> out;
+    FILE* fp = fopen_check(path, "r");
+    static char line[1 << 20];
+    while (fgets(line, sizeof(line), fp) != NULL) {
+        char* colon = strchr(line, ':');
+        if (colon == NULL || line[0] == '#') { continue; }
+        if (strncmp(line, "sel ", 4) == 0) {
+            Selection s;
+            char name[64];
+            int n;
+            if (sscanf(line, "sel %d %d %63s %d", &s.t, &s.matrix, name, &n) != 4) {
+                zf_fail("%s: bad line %s", path, line);
+            }
+            char* p = colon + 1;
+            for (int i = 0; i < n; i++) { s.cols.push_back((int)strtol(p, &p, 10)); }
+            out.push_back(s);
+        } else if (strncmp(line, "scores ", 7) == 0 && !out.empty()) {
+            char* p = colon + 1;
+            char* end;
+            for (double x = strtod(p, &end); end != p; x = strtod(p, &end)) {
+                out.back().scores.push_back(x);
+                p = end;
+            }
+        }
+    }
+    fclose(fp);
+    return out;
+}
+
+// Compares our selections with the reference's (which holds every column's score).
+// Column scores come from two different summation orders, so where two scores sit within
+// rounding of each other at the selection boundary the two sides may legitimately pick
+// different columns. That case (the columns differ only where the reference scores are
+// within near_tie, relative, of the boundary score) is detected and reported as NEAR-TIE
+// with the scores; the runs then follow different paths, so losses are comparable only up to
+// that step. Any other difference in the selection is a failure (printed, and the comparison
+// stops). Lines are printed with `indent`. Returns 1 if identical or near-ties only;
+// *first_tie = the first near-tie's step, else INT_MAX; *events = the selection events
+// compared (entries of matrix 0).
+static inline int compare_selections(const std::vector<Selection>& ours, const std::vector<Selection>& ref,
+                                     double near_tie, const char* indent, int* first_tie, int* events) {
+    int ok = ours.size() == ref.size();
+    *first_tie = INT_MAX;
+    *events = 0;
+    if (!ok) { printf("%sselections: %zu ours vs %zu reference\n", indent, ours.size(), ref.size()); }
+    for (size_t i = 0; ok && i < ref.size(); i++) {
+        const Selection &a = ours[i], &r = ref[i];
+        if (a.t != r.t || a.matrix != r.matrix) {
+            ok = 0;
+            break;
+        }
+        *events += r.matrix == 0;
+        if (a.cols == r.cols) { continue; }
+        // which columns differ, and is each within rounding of the boundary score?
+        std::vector<double> sorted = r.scores;
+        std::sort(sorted.begin(), sorted.end(), std::greater<double>());
+        size_t n = r.cols.size();
+        double boundary = n > 0 && n <= sorted.size() ? sorted[n - 1] : 0.0;
+        std::set<int> sa(a.cols.begin(), a.cols.end()), sr(r.cols.begin(), r.cols.end());
+        int near = a.cols.size() == n && r.scores.size() > 0;
+        for (int j : sa) {
+            if (!sr.count(j)) { near = near && fabs(r.scores[j] - boundary) <= near_tie * boundary; }
+        }
+        for (int j : sr) {
+            if (!sa.count(j)) { near = near && fabs(r.scores[j] - boundary) <= near_tie * boundary; }
+        }
+        if (near) {
+            printf("%sNEAR-TIE at step %d, matrix %d: the columns differ only where reference scores are "
+                   "within %.0e of the boundary score %.9g; losses compared up to this step\n",
+                   indent, r.t, r.matrix, near_tie, boundary);
+            *first_tie = std::min(*first_tie, r.t);
+        } else {
+            printf("%sselection differs at step %d, matrix %d (not a near-tie)\n", indent, r.t, r.matrix);
+            ok = 0;
+        }
+    }
+    return ok;
+}
+
+// compare_selections, then its summary line and one check (failing with `what`); returns the
+// first near-tie's step (losses after it are not comparable), or INT_MAX
+static inline int check_selections(const std::vector<Selection>& ours, const std::vector<Selection>& ref,
+                                   double near_tie, const char* indent, const char* what) {
+    int first_tie, events;
+    int ok = compare_selections(ours, ref, near_tie, indent, &first_tie, &events);
+    printf("%sselections: %d events x %d matrices  %s\n", indent, events,
+           events > 0 ? (int)ref.size() / events : 0, ok ? "identical" : "DIFFER");
+    check(ok, what);
+    return first_tie;
+}
+
+// ----------------------------------------------------------------------------
+// exact invariants
+
+static inline int bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
+    return a.size() == b.size() && memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// a run with .losses and .params (std::vector<float>): both bitwise equal
+template <typename Run>
+static inline int same_run(const Run& a, const Run& b) {
+    return bitwise_equal(a.losses, b.losses) && bitwise_equal(a.params, b.params);
+}
+
+// prints "what ... bitwise|DIFFERS" (what padded to `width`) and checks it
+static inline void report_same(int same, const char* what, int width) {
+    printf("  %-*s %s\n", width, what, same ? "bitwise" : "DIFFERS");
+    char msg[320];
+    snprintf(msg, sizeof(msg), "%s: not bitwise equal", what);
+    check(same, msg);
+}
