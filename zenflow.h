@@ -754,7 +754,9 @@ static inline void zf_load_state(ZenFlow* zf, FILE* fp, const char* path) {
             if (col < 0 || col >= mat->cols || seen[col]) { zf_fail("%s: corrupt selection", path); }
             seen[col] = 1;
         }
-        if (mat->n_sel < 0 || mat->n_sel > mat->cols) { zf_fail("%s: corrupt selection", path); }
+        // before the first selection the CPU owns everything; after it, exactly n_sel columns
+        int expected = zf->num_selections > 0 ? zf_n_sel(c->topk, mat->cols) : 0;
+        if (mat->n_sel != expected) { zf_fail("%s: corrupt selection", path); }
     }
     zf_layout(zf);
     if (zf->cpu_elems > zf->cpu_capacity ||

@@ -661,14 +661,15 @@ void gpt2_free(GPT2* model) {
 // ZenFlow's device primitives for the CPU trainer (zenflow.h calls them; the CUDA
 // trainer's versions are in zenflow.cuh). Here the "GPU" is simply the model's own
 // buffers. The GPU-side moments live in the model's layout (one m and v per parameter,
-// meaningful where the "GPU" owns the element), so the GPU-side AdamW runs straight over
-// each row's runs of selected columns; they are packed into zenflow.h's layout only when
-// ownership moves. AdamW is elementwise, so the layout cannot change a single bit.
+// meaningful where the "GPU" owns the element), so in adamw mode the GPU-side AdamW is one
+// flat pass; they are packed into zenflow.h's layout only when ownership moves. AdamW is
+// elementwise, so the layout cannot change a single bit.
 
 typedef struct {
     GPT2* model;
-    float* gpu_m;  // (num_parameters) in the model's layout
+    float* gpu_m;    // (num_parameters) in the model's layout
     float* gpu_v;
+    float* scratch;  // (4 * the largest matrix's selected elements) p, g, m, v packed
 } CpuDevice;
 
 // packed[r * rows + o] = full[o * cols + order[r]] for the columns order[0..count)
@@ -741,18 +742,19 @@ static void cpu_gpu_adam(void* ctx, const ZenFlow* zf, ZfAdamHyper h, int step) 
                              (size_t)mat->rows * mat->cols, h, step);
             continue;
         }
-        // row by row, one call per run of consecutive selected columns
+        // some columns: gather the selected elements of p, g, m, v into one flat array each,
+        // one AdamW pass, scatter p, m, v back (AdamW is elementwise: the order is free)
+        size_t n = (size_t)mat->n_sel * mat->rows;
+        float *p = dev->scratch, *g = p + n, *m = g + n, *v = m + n;
         const int* sel = mat->cols_by_owner;  // the first n_sel entries, ascending
-        for (int o = 0; o < mat->rows; o++) {
-            for (int r = 0; r < mat->n_sel;) {
-                int run = 1;
-                while (r + run < mat->n_sel && sel[r + run] == sel[r] + run) { run++; }
-                size_t at = mat->offset + (size_t)o * mat->cols + sel[r];
-                zf_cpu_adam_step(params + at, dev->gpu_m + at, dev->gpu_v + at, grads + at, run,
-                                 h, step);
-                r += run;
-            }
-        }
+        gather_columns(params, mat, sel, mat->n_sel, p);
+        gather_columns(grads, mat, sel, mat->n_sel, g);
+        gather_columns(dev->gpu_m, mat, sel, mat->n_sel, m);
+        gather_columns(dev->gpu_v, mat, sel, mat->n_sel, v);
+        zf_cpu_adam_step(p, m, v, g, n, h, step);
+        scatter_columns(params, mat, sel, mat->n_sel, p);
+        scatter_columns(dev->gpu_m, mat, sel, mat->n_sel, m);
+        scatter_columns(dev->gpu_v, mat, sel, mat->n_sel, v);
     }
 }
 
@@ -842,12 +844,20 @@ void zenflow_cpu_init(ZenFlow* zf, CpuDevice* dev, GPT2* model, ZfConfig cfg) {
     dev->model = model;
     dev->gpu_m = (float*)calloc_check(model->num_parameters, sizeof(float));
     dev->gpu_v = (float*)calloc_check(model->num_parameters, sizeof(float));
+    size_t largest = 0;
+    for (int i = 0; i < zf->num_matrices; i++) {
+        const ZfMatrix* mat = &zf->matrices[i];
+        size_t n = (size_t)zf_n_sel(zf->cfg.topk, mat->cols) * mat->rows;
+        largest = n > largest ? n : largest;
+    }
+    dev->scratch = (float*)malloc_check(4 * largest * sizeof(float));
 }
 
 void zenflow_cpu_free(ZenFlow* zf, CpuDevice* dev) {
     zf_free(zf);
     free(dev->gpu_m);
     free(dev->gpu_v);
+    free(dev->scratch);
 }
 
 // ----------------------------------------------------------------------------
