@@ -41,6 +41,7 @@ required: without it nvcc fuses multiply-adds and AdamW is no longer spec 3.1 to
 #include <sys/stat.h>
 
 #include "cpu_adam.h"
+#include "llmc/args.h"
 #include "llmc/checkpoint.h"
 #include "llmc/cuda_kernels.cuh"
 #include "llmc/dataloader.h"
@@ -511,136 +512,31 @@ static void print_memory_table(const GPT2* model, const ZfCudaDevice* dev, const
            (total_bytes - free_bytes) / MiB, free_bytes / MiB, total_bytes / MiB);
 }
 
-static void usage(void) {
-    fprintf(stderr,
-            "Usage:   ./train_gpt2cu [options]\n"
-            "Options:\n"
-            "  -i <string> train data pattern (default data/tinyshakespeare/tiny_shakespeare_train.bin)\n"
-            "  -j <string> val data pattern (default data/tinyshakespeare/tiny_shakespeare_val.bin)\n"
-            "  -e <string> model: a .bin file, or a random init d12|d24|d36|d48|d<L>c<C>h<NH>\n"
-            "              (default d4c256h4)\n"
-            "  -k <string> tokenizer file (default data/gpt2_tokenizer.bin)\n"
-            "  -o <string> output directory for main.log and checkpoints (default none)\n"
-            "  -b <int>    batch size B (default 4)\n"
-            "  -t <int>    sequence length T (default 64)\n"
-            "  -x <int>    number of training steps (default 20)\n"
-            "  -l <float>  learning rate (default 3e-4)\n"
-            "  -c <float>  weight decay, matrices only (default 0.0)\n"
-            "  -v <int>    val loss every this many steps, 0 = never (default 20)\n"
-            "  -m <int>    val batches (default 20)\n"
-            "  -s <int>    sample every this many steps, 0 = never (default 20)\n"
-            "  -g <int>    tokens to generate (default 64)\n"
-            "  -n <int>    write a checkpoint (model + state) into -o every this many steps, 0 = never\n"
-            "  -y <0|1>    resume from the newest checkpoint in -o (default 0)\n"
-            "  -r <int>    random seed for init and sampling (default 1337)\n"
-            "  -f <int>    TF32 tensor cores for the matmuls, 0 or 1 (default 1)\n"
-            "ZenFlow (docs/zenflow_spec.md):\n"
-            "  -zo <string> optimizer mode: adamw | offload | zenflow (default zenflow)\n"
-            "  -zk <float>  topk ratio k: fraction of each matrix's columns on the GPU (default 0.1)\n"
-            "  -zu <int>    update interval U: steps per CPU window (default 4)\n"
-            "  -zs <int>    select interval S: steps between reselections, 0 = once (default 100)\n"
-            "  -zw <int>    warm-up steps W of synchronous offload (default 0)\n"
-            "  -zv <0|1>    overlap the CPU update with training (default 1)\n"
-            "  -za <string> where the window's gradient sum accumulates: cpu (the paper: every step's\n"
-            "               CPU-owned gradients go to the host) | gpu (in the gradient buffer; one copy\n"
-            "               per window) (default cpu)\n"
-            "  -zl <string> write every selection (columns and scores) to this file\n"
-            "  -zm <string> write per-step measurements (CSV: times, stall, PCIe bytes) to this file\n"
-            "  -h          this message\n"
-            "Step line: stall = ms the GPU waited for a copy or the CPU side; pcie = MB ZenFlow moved\n"
-            "both ways; cpu = the last window update's CPU time; moved = columns that changed owner at\n"
-            "the last selection.\n");
-}
-
 int main(int argc, char* argv[]) {
     setvbuf(stdout, NULL, _IOLBF, 0);  // one line at a time, also into a log file or a pipe
-    const char* train_pattern = "data/tinyshakespeare/tiny_shakespeare_train.bin";
-    const char* val_pattern = "data/tinyshakespeare/tiny_shakespeare_val.bin";
-    const char* model_spec = "d4c256h4";
-    const char* tokenizer_path = "data/gpt2_tokenizer.bin";
-    const char* output_dir = NULL;
-    int B = 4, T = 64, steps = 20, val_every = 20, val_batches = 20, sample_every = 20;
-    int gen_tokens = 64, checkpoint_every = 0, resume = 0, use_tf32 = 1;
-    float lr = 3e-4f, weight_decay = 0.0f;
-    long seed = 1337;
-    ZfConfig zcfg = zf_default_config();
-    const char* selection_log = NULL;
-    const char* metrics_path = NULL;
-    for (int i = 1; i < argc; i += 2) {
-        const char* flag = argv[i];
-        if (strcmp(flag, "-h") == 0) { usage(); return 0; }
-        size_t len = strlen(flag);
-        if (flag[0] != '-' || len < 2 || len > 3 || (len == 3 && flag[1] != 'z' && flag[1] != 't')) {
-            zf_fail("unknown argument '%s' (hint: -h lists the flags)", flag);
-        }
-        if (i + 1 >= argc) { zf_fail("flag %s needs a value", flag); }
-        const char* val = argv[i + 1];
-        if (len == 3 && flag[1] == 't') {
-            zf_fail("flag %s: the timeline trace is not implemented in the CUDA trainer (hint: the "
-                    "CPU trainer has it; -zm writes per-step measurements)", flag);
-        }
-        if (len == 3) {  // ZenFlow's flags, -z<letter>, as in the CPU trainer
-            switch (flag[2]) {
-                case 'o':
-                    if (strcmp(val, "adamw") == 0) { zcfg.mode = ZF_MODE_ADAMW; }
-                    else if (strcmp(val, "offload") == 0) { zcfg.mode = ZF_MODE_OFFLOAD; }
-                    else if (strcmp(val, "zenflow") == 0) { zcfg.mode = ZF_MODE_ZENFLOW; }
-                    else { zf_fail("flag -zo: '%s' is not a mode (adamw, offload or zenflow)", val); }
-                    break;
-                case 'k': zcfg.topk = zf_parse_double(flag, val, 0.0, 1.0); break;
-                case 'u': zcfg.update_interval = (int)zf_parse_int(flag, val, 1, 1 << 20); break;
-                case 's': zcfg.select_interval = (int)zf_parse_int(flag, val, 0, 1 << 30); break;
-                case 'w': zcfg.warmup = (int)zf_parse_int(flag, val, 0, 1 << 30); break;
-                case 'v': zcfg.overlap = (int)zf_parse_int(flag, val, 0, 1); break;
-                case 'a':
-                    if (strcmp(val, "cpu") == 0) { zcfg.transport = ZF_ACC_CPU; }
-                    else if (strcmp(val, "gpu") == 0) { zcfg.transport = ZF_ACC_GPU; }
-                    else { zf_fail("flag -za: '%s' is not a transport (cpu or gpu)", val); }
-                    break;
-                case 'l': selection_log = val; break;
-                case 'm': metrics_path = val; break;
-                case 'd':
-                    zf_fail("flag -zd: per-step column scores are not implemented in the CUDA trainer "
-                            "(hint: the CPU trainer has it)");
-                default: zf_fail("unknown flag %s (hint: -h lists the flags)", flag);
-            }
-            continue;
-        }
-        switch (flag[1]) {
-            case 'i': train_pattern = val; break;
-            case 'j': val_pattern = val; break;
-            case 'e': model_spec = val; break;
-            case 'k': tokenizer_path = val; break;
-            case 'o': output_dir = val; break;
-            case 'b': B = (int)zf_parse_int(flag, val, 1, 1 << 16); break;
-            case 't': T = (int)zf_parse_int(flag, val, 1, 1 << 20); break;
-            case 'x': steps = (int)zf_parse_int(flag, val, 0, 1 << 30); break;
-            case 'l': lr = zf_parse_float(flag, val, 0.0, 10.0); break;
-            case 'c': weight_decay = zf_parse_float(flag, val, 0.0, 10.0); break;
-            case 'v': val_every = (int)zf_parse_int(flag, val, 0, 1 << 30); break;
-            case 'm': val_batches = (int)zf_parse_int(flag, val, 1, 1 << 20); break;
-            case 's': sample_every = (int)zf_parse_int(flag, val, 0, 1 << 30); break;
-            case 'g': gen_tokens = (int)zf_parse_int(flag, val, 1, 1 << 20); break;
-            case 'n': checkpoint_every = (int)zf_parse_int(flag, val, 0, 1 << 30); break;
-            case 'r': seed = zf_parse_int(flag, val, 0, 1L << 62); break;
-            case 'f': use_tf32 = (int)zf_parse_int(flag, val, 0, 1); break;
-            case 'y': resume = (int)zf_parse_int(flag, val, 0, 1); break;
-            default: zf_fail("unknown flag %s (hint: -h lists the flags)", flag);
-        }
-    }
-    if (checkpoint_every > 0 && output_dir == NULL) {
-        zf_fail("flag -n: checkpoints need an output directory (hint: add -o <dir>)");
-    }
-    if (resume && output_dir == NULL) {
-        zf_fail("flag -y: resuming needs the output directory of the run (hint: add -o <dir>)");
-    }
-    if ((long long)B * T > (1LL << 30)) { zf_fail("flags -b, -t: B*T=%lld is too large", (long long)B * T); }
-    int start_step = resume ? newest_checkpoint(output_dir) : -1;
+    TrainArgs args;
+    train_args_parse(&args, argc, argv);
+    train_args_refuse(args.trace_path != NULL, "-tr",
+                      "the CPU trainer has the timeline; -zm writes per-step measurements");
+    train_args_refuse(args.scores_path != NULL, "-zd", "the CPU trainer has it");
+    const char *train_pattern = args.train_pattern, *val_pattern = args.val_pattern;
+    const char *model_spec = args.model_spec, *tokenizer_path = args.tokenizer_path;
+    const char* output_dir = args.output_dir;
+    const int B = args.B, T = args.T, steps = args.steps, val_every = args.val_every;
+    const int val_batches = args.val_batches, sample_every = args.sample_every;
+    const int gen_tokens = args.gen_tokens, checkpoint_every = args.checkpoint_every;
+    const int use_tf32 = args.use_tf32;
+    const float lr = args.lr, weight_decay = args.weight_decay;
+    const long seed = args.seed;
+    ZfConfig zcfg = args.zcfg;
+    const char* selection_log = args.selection_log;
+    const char* metrics_path = args.metrics_path;
+    int start_step = args.resume ? newest_checkpoint(output_dir) : -1;
     char resume_model[4096];
     if (start_step >= 0) {  // the model comes from the checkpoint, not from -e
         snprintf(resume_model, sizeof(resume_model), "%s/model_%08d.bin", output_dir, start_step);
         model_spec = resume_model;
-    } else if (resume) {
+    } else if (args.resume) {
         printf("no checkpoint in %s yet: starting from scratch\n", output_dir);
     }
 

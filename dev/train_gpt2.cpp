@@ -24,6 +24,7 @@ orchestration (zenflow_cpu.h) or, for plain AdamW, to cpu_adam.cpp.
 
 #include "../cpu_adam.h"
 #include "../zenflow.h"
+#include "../llmc/args.h"
 #include "../llmc/checkpoint.h"
 #include "../llmc/dataloader.h"
 #include "../llmc/gpt2_file.h"
@@ -939,136 +940,26 @@ void gpt2_sample(GPT2* model, const Tokenizer* tok, int eot, int steps, uint64_t
 // main training loop
 #ifndef TESTING
 
-static void usage(void) {
-    fprintf(stderr,
-            "Usage:   ./train_gpt2cpu [options]\n"
-            "Options:\n"
-            "  -i <string> train data pattern (default data/tinyshakespeare/tiny_shakespeare_train.bin)\n"
-            "  -j <string> val data pattern (default data/tinyshakespeare/tiny_shakespeare_val.bin)\n"
-            "  -e <string> model: a .bin file, or a random init d12|d24|d36|d48|d<L>c<C>h<NH>\n"
-            "              (default d4c256h4)\n"
-            "  -k <string> tokenizer file (default data/gpt2_tokenizer.bin)\n"
-            "  -o <string> output directory for main.log and checkpoints (default none)\n"
-            "  -b <int>    batch size B (default 4)\n"
-            "  -t <int>    sequence length T (default 64)\n"
-            "  -x <int>    number of training steps (default 20)\n"
-            "  -l <float>  learning rate (default 3e-4)\n"
-            "  -c <float>  weight decay, matrices only (default 0.0)\n"
-            "  -v <int>    val loss every this many steps, 0 = never (default 20)\n"
-            "  -m <int>    val batches (default 20)\n"
-            "  -s <int>    sample every this many steps, 0 = never (default 20)\n"
-            "  -g <int>    tokens to generate (default 64)\n"
-            "  -n <int>    write a checkpoint (model + state) into -o every this many steps, 0 = never\n"
-            "  -y <0|1>    resume from the newest checkpoint in -o (default 0)\n"
-            "  -r <int>    random seed for init and sampling (default 1337)\n"
-            "ZenFlow (docs/zenflow_spec.md):\n"
-            "  -zo <string> optimizer mode: adamw | offload | zenflow (default zenflow)\n"
-            "  -zk <float>  topk ratio k: fraction of each matrix's columns on the GPU (default 0.1)\n"
-            "  -zu <int>    update interval U: steps per CPU window (default 4)\n"
-            "  -zs <int>    select interval S: steps between reselections, 0 = once (default 100)\n"
-            "  -zw <int>    warm-up steps W of synchronous offload (default 0)\n"
-            "  -zv <0|1>    overlap the CPU update with training (default 1)\n"
-            "  -za <string> where the window's gradients accumulate: cpu | gpu (spec 7, default cpu)\n"
-            "  -zl <string> write every selection (columns and scores) to this file\n"
-            "  -zd <string> write every step's column scores to this file (locality study)\n"
-            "Timeline (a Chrome trace-event file for Perfetto / chrome://tracing):\n"
-            "  -tr <string> trace file (default none)\n"
-            "  -tf <int>    first step to trace, 1-based (default 1)\n"
-            "  -tn <int>    number of steps to trace (default 8)\n"
-            "  -h          this message\n");
-}
-
 int main(int argc, char* argv[]) {
     setvbuf(stdout, NULL, _IOLBF, 0);  // one line at a time, also into a log file or a pipe
-    const char* train_pattern = "data/tinyshakespeare/tiny_shakespeare_train.bin";
-    const char* val_pattern = "data/tinyshakespeare/tiny_shakespeare_val.bin";
-    const char* model_spec = "d4c256h4";
-    const char* tokenizer_path = "data/gpt2_tokenizer.bin";
-    const char* output_dir = NULL;
-    int B = 4, T = 64, steps = 20, val_every = 20, val_batches = 20, sample_every = 20;
-    int gen_tokens = 64, checkpoint_every = 0, resume = 0;
-    float lr = 3e-4f, weight_decay = 0.0f;
-    long seed = 1337;
-    ZfConfig zcfg = zf_default_config();
-    const char* selection_log = NULL;
-    const char* scores_path = NULL;
-    const char* trace_path = NULL;
-    int trace_first = 1, trace_steps = 8;
-    for (int i = 1; i < argc; i += 2) {
-        const char* flag = argv[i];
-        if (strcmp(flag, "-h") == 0) { usage(); return 0; }
-        size_t len = strlen(flag);
-        if (flag[0] != '-' || len < 2 || len > 3 || (len == 3 && flag[1] != 'z' && flag[1] != 't')) {
-            zf_fail("unknown argument '%s' (hint: -h lists the flags)", flag);
-        }
-        if (i + 1 >= argc) { zf_fail("flag %s needs a value", flag); }
-        const char* val = argv[i + 1];
-        if (len == 3 && flag[1] == 't') {  // the timeline trace, -t<letter>
-            switch (flag[2]) {
-                case 'r': trace_path = val; break;
-                case 'f': trace_first = (int)zf_parse_int(flag, val, 1, 1 << 30); break;
-                case 'n': trace_steps = (int)zf_parse_int(flag, val, 1, 1 << 20); break;
-                default: zf_fail("unknown flag %s (hint: -h lists the flags)", flag);
-            }
-            continue;
-        }
-        if (len == 3) {  // ZenFlow's flags, -z<letter>
-            switch (flag[2]) {
-                case 'o':
-                    if (strcmp(val, "adamw") == 0) { zcfg.mode = ZF_MODE_ADAMW; }
-                    else if (strcmp(val, "offload") == 0) { zcfg.mode = ZF_MODE_OFFLOAD; }
-                    else if (strcmp(val, "zenflow") == 0) { zcfg.mode = ZF_MODE_ZENFLOW; }
-                    else { zf_fail("flag -zo: '%s' is not a mode (adamw, offload or zenflow)", val); }
-                    break;
-                case 'k': zcfg.topk = zf_parse_double(flag, val, 0.0, 1.0); break;
-                case 'u': zcfg.update_interval = (int)zf_parse_int(flag, val, 1, 1 << 20); break;
-                case 's': zcfg.select_interval = (int)zf_parse_int(flag, val, 0, 1 << 30); break;
-                case 'w': zcfg.warmup = (int)zf_parse_int(flag, val, 0, 1 << 30); break;
-                case 'v': zcfg.overlap = (int)zf_parse_int(flag, val, 0, 1); break;
-                case 'a':
-                    if (strcmp(val, "cpu") == 0) { zcfg.transport = ZF_ACC_CPU; }
-                    else if (strcmp(val, "gpu") == 0) { zcfg.transport = ZF_ACC_GPU; }
-                    else { zf_fail("flag -za: '%s' is not a transport (cpu or gpu)", val); }
-                    break;
-                case 'l': selection_log = val; break;
-                case 'd': scores_path = val; break;
-                default: zf_fail("unknown flag %s (hint: -h lists the flags)", flag);
-            }
-            continue;
-        }
-        switch (flag[1]) {
-            case 'i': train_pattern = val; break;
-            case 'j': val_pattern = val; break;
-            case 'e': model_spec = val; break;
-            case 'k': tokenizer_path = val; break;
-            case 'o': output_dir = val; break;
-            case 'b': B = (int)zf_parse_int(flag, val, 1, 1 << 16); break;
-            case 't': T = (int)zf_parse_int(flag, val, 1, 1 << 20); break;
-            case 'x': steps = (int)zf_parse_int(flag, val, 0, 1 << 30); break;
-            case 'l': lr = zf_parse_float(flag, val, 0.0, 10.0); break;
-            case 'c': weight_decay = zf_parse_float(flag, val, 0.0, 10.0); break;
-            case 'v': val_every = (int)zf_parse_int(flag, val, 0, 1 << 30); break;
-            case 'm': val_batches = (int)zf_parse_int(flag, val, 1, 1 << 20); break;
-            case 's': sample_every = (int)zf_parse_int(flag, val, 0, 1 << 30); break;
-            case 'g': gen_tokens = (int)zf_parse_int(flag, val, 1, 1 << 20); break;
-            case 'n': checkpoint_every = (int)zf_parse_int(flag, val, 0, 1 << 30); break;
-            case 'r': seed = zf_parse_int(flag, val, 0, 1L << 62); break;
-            case 'y': resume = (int)zf_parse_int(flag, val, 0, 1); break;
-            default: zf_fail("unknown flag %s (hint: -h lists the flags)", flag);
-        }
-    }
-    if (checkpoint_every > 0 && output_dir == NULL) {
-        zf_fail("flag -n: checkpoints need an output directory (hint: add -o <dir>)");
-    }
-    if (resume && output_dir == NULL) {
-        zf_fail("flag -y: resuming needs the output directory of the run (hint: add -o <dir>)");
-    }
-    int start_step = resume ? newest_checkpoint(output_dir) : -1;
+    TrainArgs args;
+    train_args_parse(&args, argc, argv);
+    train_args_refuse(args.metrics_path != NULL, "-zm", "the CUDA trainer has it; -tr traces");
+    const char *train_pattern = args.train_pattern, *val_pattern = args.val_pattern;
+    const char *model_spec = args.model_spec, *tokenizer_path = args.tokenizer_path;
+    const char* output_dir = args.output_dir;
+    const int B = args.B, T = args.T, steps = args.steps, val_every = args.val_every;
+    const int val_batches = args.val_batches, sample_every = args.sample_every;
+    const int gen_tokens = args.gen_tokens, checkpoint_every = args.checkpoint_every;
+    const float lr = args.lr, weight_decay = args.weight_decay;
+    const long seed = args.seed;
+    ZfConfig zcfg = args.zcfg;
+    int start_step = args.resume ? newest_checkpoint(output_dir) : -1;
     char resume_model[4096];
     if (start_step >= 0) {  // the model comes from the checkpoint, not from -e
         snprintf(resume_model, sizeof(resume_model), "%s/model_%08d.bin", output_dir, start_step);
         model_spec = resume_model;
-    } else if (resume) {
+    } else if (args.resume) {
         printf("no checkpoint in %s yet: starting from scratch\n", output_dir);
     }
 
@@ -1104,7 +995,7 @@ int main(int argc, char* argv[]) {
     CpuDevice device;
     zenflow_cpu_init(&zf, &device, &model, zcfg);
     zcfg = zf.cfg;  // as the mode sets it
-    if (selection_log != NULL) { zf.selection_log = fopen_check(selection_log, "w"); }
+    if (args.selection_log != NULL) { zf.selection_log = fopen_check(args.selection_log, "w"); }
     printf("[optimizer] %s: topk %g, update interval %d, select interval %d, warm-up %d, overlap "
            "%s, accumulation on the %s\n", zf_mode_names[zcfg.mode], zcfg.topk,
            zcfg.update_interval, zcfg.select_interval, zcfg.warmup, zcfg.overlap ? "on" : "off",
@@ -1114,8 +1005,10 @@ int main(int argc, char* argv[]) {
            8.0 * zf.cpu_capacity * 4 / 1048576.0,
            2.0 * (zf.vector_elems + zf.gpu_capacity) * 4 / 1048576.0);
     ZfAdamHyper hyper = {lr, 0.9f, 0.95f, 1e-8f, weight_decay};
-    if (trace_path != NULL) { trace_open(trace_path, trace_first, trace_first + trace_steps - 1); }
-    FILE* scores_file = scores_path != NULL ? scores_open(scores_path, &zf) : NULL;
+    if (args.trace_path != NULL) {
+        trace_open(args.trace_path, args.trace_first, args.trace_first + args.trace_steps - 1);
+    }
+    FILE* scores_file = args.scores_path != NULL ? scores_open(args.scores_path, &zf) : NULL;
     uint64_t rng = (uint64_t)seed * 0x9E3779B97F4A7C15ull + 7;
     if (start_step >= 0) {
         read_checkpoint_state(output_dir, start_step, &zf, &train_loader, &rng);

@@ -1,0 +1,181 @@
+/*
+The command line both trainers share: llm.c's flags (-i -j -e -o -b -t -x ...), ZenFlow's
+-z<letter> flags and the timeline's -t<letter> flags. One parser, so the CPU and CUDA
+trainers can never drift apart; a flag that only one trainer implements is parsed here and
+refused by the other with one clear line (train_args_refuse).
+*/
+#ifndef LLMC_ARGS_H
+#define LLMC_ARGS_H
+
+#include "../zenflow.h"
+#include "utils.h"
+
+typedef struct {
+    const char* train_pattern;   // -i
+    const char* val_pattern;     // -j
+    const char* model_spec;      // -e: a model file, or d12 / d4c256h4 ... (random init)
+    const char* tokenizer_path;  // -k
+    const char* output_dir;      // -o: main.log and checkpoints
+    int B, T;                    // -b -t
+    int steps;                   // -x
+    float lr, weight_decay;      // -l -c
+    int val_every, val_batches;  // -v -m
+    int sample_every, gen_tokens;        // -s -g
+    int checkpoint_every, resume;        // -n -y
+    long seed;                   // -r
+    int use_tf32;                // -f (CUDA trainer)
+    ZfConfig zcfg;               // -zo -zk -zu -zs -zw -zv -za
+    const char* selection_log;   // -zl
+    const char* scores_path;     // -zd (CPU trainer)
+    const char* metrics_path;    // -zm (CUDA trainer)
+    const char* trace_path;      // -tr (CPU trainer)
+    int trace_first, trace_steps;  // -tf -tn
+} TrainArgs;
+
+static inline void train_args_usage(const char* program) {
+    fprintf(stderr,
+            "Usage:   %s [options]\n"
+            "Options:\n"
+            "  -i <string> train data pattern (default data/tinyshakespeare/tiny_shakespeare_train.bin)\n"
+            "  -j <string> val data pattern (default data/tinyshakespeare/tiny_shakespeare_val.bin)\n"
+            "  -e <string> model: a .bin file, or a random init d12|d24|d36|d48|d<L>c<C>h<NH>\n"
+            "              (default d4c256h4)\n"
+            "  -k <string> tokenizer file (default data/gpt2_tokenizer.bin)\n"
+            "  -o <string> output directory for main.log and checkpoints (default none)\n"
+            "  -b <int>    batch size B (default 4)\n"
+            "  -t <int>    sequence length T (default 64)\n"
+            "  -x <int>    number of training steps (default 20)\n"
+            "  -l <float>  learning rate (default 3e-4)\n"
+            "  -c <float>  weight decay, matrices only (default 0.0)\n"
+            "  -v <int>    val loss every this many steps, 0 = never (default 20)\n"
+            "  -m <int>    val batches (default 20)\n"
+            "  -s <int>    sample every this many steps, 0 = never (default 20)\n"
+            "  -g <int>    tokens to generate (default 64)\n"
+            "  -n <int>    write a checkpoint (model + state) into -o every this many steps, 0 = never\n"
+            "  -y <0|1>    resume from the newest checkpoint in -o (default 0)\n"
+            "  -r <int>    random seed for init and sampling (default 1337)\n"
+            "  -f <0|1>    TF32 tensor cores for the matmuls (CUDA trainer; default 1)\n"
+            "ZenFlow (docs/zenflow_spec.md):\n"
+            "  -zo <string> optimizer mode: adamw | offload | zenflow (default zenflow)\n"
+            "  -zk <float>  topk ratio k: fraction of each matrix's columns on the GPU (default 0.1)\n"
+            "  -zu <int>    update interval U: steps per CPU window (default 4)\n"
+            "  -zs <int>    select interval S: steps between reselections, 0 = once (default 100)\n"
+            "  -zw <int>    warm-up steps W of synchronous offload (default 0)\n"
+            "  -zv <0|1>    overlap the CPU update with training (default 1)\n"
+            "  -za <string> where the window's gradient sum accumulates: cpu (the paper: every step's\n"
+            "               CPU-owned gradients go to the host) | gpu (in the gradient buffer; one copy\n"
+            "               per window) (default cpu)\n"
+            "  -zl <string> write every selection (columns and scores) to this file\n"
+            "  -zd <string> write every step's column scores to this file (CPU trainer; the locality study)\n"
+            "  -zm <string> write per-step measurements as CSV to this file (CUDA trainer)\n"
+            "Timeline (a Chrome trace-event file for Perfetto / chrome://tracing; CPU trainer):\n"
+            "  -tr <string> trace file (default none)\n"
+            "  -tf <int>    first step to trace, 1-based (default 1)\n"
+            "  -tn <int>    number of steps to trace (default 8)\n"
+            "  -h          this message\n"
+            "Step line: loss of the batch before the update; cpu = the last window update's CPU time;\n"
+            "moved = columns that changed owner at the last selection; (CUDA) stall = ms the GPU\n"
+            "waited for a copy or the CPU side, pcie = MB moved both ways.\n",
+            program);
+}
+
+// parses argv into *a; prints the usage and exits 0 for -h, fails with one line otherwise
+static inline void train_args_parse(TrainArgs* a, int argc, char* argv[]) {
+    memset(a, 0, sizeof(*a));
+    a->train_pattern = "data/tinyshakespeare/tiny_shakespeare_train.bin";
+    a->val_pattern = "data/tinyshakespeare/tiny_shakespeare_val.bin";
+    a->model_spec = "d4c256h4";
+    a->tokenizer_path = "data/gpt2_tokenizer.bin";
+    a->B = 4, a->T = 64, a->steps = 20;
+    a->lr = 3e-4f, a->weight_decay = 0.0f;
+    a->val_every = 20, a->val_batches = 20, a->sample_every = 20, a->gen_tokens = 64;
+    a->seed = 1337;
+    a->use_tf32 = 1;
+    a->zcfg = zf_default_config();
+    a->trace_first = 1, a->trace_steps = 8;
+    for (int i = 1; i < argc; i += 2) {
+        const char* flag = argv[i];
+        if (strcmp(flag, "-h") == 0) {
+            train_args_usage(argv[0]);
+            exit(0);
+        }
+        size_t len = strlen(flag);
+        if (flag[0] != '-' || len < 2 || len > 3 || (len == 3 && flag[1] != 'z' && flag[1] != 't')) {
+            zf_fail("unknown argument '%s' (hint: -h lists the flags)", flag);
+        }
+        if (i + 1 >= argc) { zf_fail("flag %s needs a value", flag); }
+        const char* val = argv[i + 1];
+        ZfConfig* z = &a->zcfg;
+        if (len == 3 && flag[1] == 't') {  // the timeline trace, -t<letter>
+            switch (flag[2]) {
+                case 'r': a->trace_path = val; break;
+                case 'f': a->trace_first = (int)zf_parse_int(flag, val, 1, 1 << 30); break;
+                case 'n': a->trace_steps = (int)zf_parse_int(flag, val, 1, 1 << 20); break;
+                default: zf_fail("unknown flag %s (hint: -h lists the flags)", flag);
+            }
+            continue;
+        }
+        if (len == 3) {  // ZenFlow's flags, -z<letter>
+            switch (flag[2]) {
+                case 'o':
+                    if (strcmp(val, "adamw") == 0) { z->mode = ZF_MODE_ADAMW; }
+                    else if (strcmp(val, "offload") == 0) { z->mode = ZF_MODE_OFFLOAD; }
+                    else if (strcmp(val, "zenflow") == 0) { z->mode = ZF_MODE_ZENFLOW; }
+                    else { zf_fail("flag -zo: '%s' is not a mode (adamw, offload or zenflow)", val); }
+                    break;
+                case 'k': z->topk = zf_parse_double(flag, val, 0.0, 1.0); break;
+                case 'u': z->update_interval = (int)zf_parse_int(flag, val, 1, 1 << 20); break;
+                case 's': z->select_interval = (int)zf_parse_int(flag, val, 0, 1 << 30); break;
+                case 'w': z->warmup = (int)zf_parse_int(flag, val, 0, 1 << 30); break;
+                case 'v': z->overlap = (int)zf_parse_int(flag, val, 0, 1); break;
+                case 'a':
+                    if (strcmp(val, "cpu") == 0) { z->transport = ZF_ACC_CPU; }
+                    else if (strcmp(val, "gpu") == 0) { z->transport = ZF_ACC_GPU; }
+                    else { zf_fail("flag -za: '%s' is not a transport (cpu or gpu)", val); }
+                    break;
+                case 'l': a->selection_log = val; break;
+                case 'd': a->scores_path = val; break;
+                case 'm': a->metrics_path = val; break;
+                default: zf_fail("unknown flag %s (hint: -h lists the flags)", flag);
+            }
+            continue;
+        }
+        switch (flag[1]) {
+            case 'i': a->train_pattern = val; break;
+            case 'j': a->val_pattern = val; break;
+            case 'e': a->model_spec = val; break;
+            case 'k': a->tokenizer_path = val; break;
+            case 'o': a->output_dir = val; break;
+            case 'b': a->B = (int)zf_parse_int(flag, val, 1, 1 << 16); break;
+            case 't': a->T = (int)zf_parse_int(flag, val, 1, 1 << 20); break;
+            case 'x': a->steps = (int)zf_parse_int(flag, val, 0, 1 << 30); break;
+            case 'l': a->lr = zf_parse_float(flag, val, 0.0, 10.0); break;
+            case 'c': a->weight_decay = zf_parse_float(flag, val, 0.0, 10.0); break;
+            case 'v': a->val_every = (int)zf_parse_int(flag, val, 0, 1 << 30); break;
+            case 'm': a->val_batches = (int)zf_parse_int(flag, val, 1, 1 << 20); break;
+            case 's': a->sample_every = (int)zf_parse_int(flag, val, 0, 1 << 30); break;
+            case 'g': a->gen_tokens = (int)zf_parse_int(flag, val, 1, 1 << 20); break;
+            case 'n': a->checkpoint_every = (int)zf_parse_int(flag, val, 0, 1 << 30); break;
+            case 'y': a->resume = (int)zf_parse_int(flag, val, 0, 1); break;
+            case 'r': a->seed = zf_parse_int(flag, val, 0, 1L << 62); break;
+            case 'f': a->use_tf32 = (int)zf_parse_int(flag, val, 0, 1); break;
+            default: zf_fail("unknown flag %s (hint: -h lists the flags)", flag);
+        }
+    }
+    if (a->checkpoint_every > 0 && a->output_dir == NULL) {
+        zf_fail("flag -n: checkpoints need an output directory (hint: add -o <dir>)");
+    }
+    if (a->resume && a->output_dir == NULL) {
+        zf_fail("flag -y: resuming needs the output directory of the run (hint: add -o <dir>)");
+    }
+    if ((long long)a->B * a->T > (1LL << 30)) {
+        zf_fail("flags -b, -t: B*T=%lld is too large", (long long)a->B * a->T);
+    }
+}
+
+// a flag this trainer parses but does not implement: one line, naming the one that does
+static inline void train_args_refuse(int given, const char* flag, const char* hint) {
+    if (given) { zf_fail("flag %s is not implemented in this trainer (hint: %s)", flag, hint); }
+}
+
+#endif  // LLMC_ARGS_H
