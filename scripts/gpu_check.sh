@@ -231,6 +231,8 @@ fi
 # resumed runs, and SIGKILLs at random moments, must end bit for bit where a straight run ends
 if [ $rc_train -ne 0 ]; then
     record "resume train_gpt2cu" SKIPPED "build failed"
+elif ! nvidia-smi -L >/dev/null 2>&1; then
+    record "resume train_gpt2cu" SKIPPED "no CUDA device (nvidia-smi found none)"
 elif [ ! -f dev/test/ref/tiny/model.bin ]; then
     record "resume train_gpt2cu" SKIPPED "no dev/test/ref/tiny"
 elif ! command -v python3 >/dev/null; then
@@ -268,6 +270,26 @@ for p in zenflow zenflow_host zenflow_async encoder layernorm attention gelu res
         record "dev/cuda $p" SKIPPED "$last"
     else
         record "dev/cuda $p" "$(status_word $rc)" "$last $(timeout_note $rc)"
+    fi
+done
+
+# ----------------------------------------------------------------------------
+# 4b. compute-sanitizer (issue 7): memcheck and racecheck over test_gpt2cu on the tiny case
+
+SANITIZER=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
+for tool in memcheck racecheck; do
+    if [ -z "$SANITIZER" ]; then
+        record "compute-sanitizer $tool" SKIPPED "compute-sanitizer not found"
+    elif [ ! -x "$BUILD/test_gpt2cu" ] || [ ! -d dev/test/ref/tiny ]; then
+        record "compute-sanitizer $tool" SKIPPED "no test_gpt2cu or no tiny case"
+    elif out_of_time; then
+        record "compute-sanitizer $tool" SKIPPED "out of time"
+    else
+        run_logged "$LOGDIR/sanitizer_$tool.log" 90 "$SANITIZER" --tool "$tool" --error-exitcode 9 \
+            "$BUILD/test_gpt2cu" dev/test/ref/tiny
+        rc=$?
+        record "compute-sanitizer $tool" "$(status_word $rc)" \
+            "$(grep -m1 -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$LOGDIR/sanitizer_$tool.log") $(timeout_note $rc)"
     fi
 done
 
