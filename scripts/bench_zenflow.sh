@@ -87,27 +87,7 @@ if [ ! -f "$TRAIN" ] || [ ! -f "$VAL" ]; then
     VAL="$OUT/synthetic_val.bin"
     DATA_NOTE="synthetic random tokens"
     if [ ! -f "$TRAIN" ] || [ ! -f "$VAL" ]; then
-        cat >"$OUT/synthetic_shard.cpp" <<'EOF'
-// synthetic_shard <path> <tokens> <seed>: uniformly random token ids < 50257, llm.c's shard format
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-int main(int argc, char** argv) {
-    if (argc != 4) return 2;
-    int n = atoi(argv[2]);
-    uint64_t s = strtoull(argv[3], NULL, 10) * 0x9E3779B97F4A7C15ull + 1;
-    int header[256] = {20240520, 1, n};
-    FILE* f = fopen(argv[1], "wb");
-    if (!f || fwrite(header, 4, 256, f) != 256) return 1;
-    for (int i = 0; i < n; i++) {
-        s ^= s >> 12; s ^= s << 25; s ^= s >> 27;
-        uint16_t t = (uint16_t)(((s * 0x2545F4914F6CDD1Dull) >> 32) % 50257);
-        if (fwrite(&t, 2, 1, f) != 1) return 1;
-    }
-    return fclose(f) == 0 ? 0 : 1;
-}
-EOF
-        if ! { $CXX -O2 "$OUT/synthetic_shard.cpp" -o "$OUT/synthetic_shard" \
+        if ! { $CXX -O2 -std=c++17 dev/synthetic_shard.cpp -o "$OUT/synthetic_shard" \
                && "$OUT/synthetic_shard" "$TRAIN" 400000 1 && "$OUT/synthetic_shard" "$VAL" 40000 2; }; then
             echo "bench_zenflow.sh: could not write synthetic data" >&2
             exit 1

@@ -304,26 +304,7 @@ if [ ! -f "$TRAIN" ] || [ ! -f "$VAL" ]; then
     TRAIN="$BUILD/synthetic_train.bin"
     VAL="$BUILD/synthetic_val.bin"
     DATA_NOTE="synthetic random tokens"
-    cat >"$BUILD/synthetic_shard.cpp" <<'EOF'
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-int main(int argc, char** argv) {  // synthetic_shard <path> <tokens> <seed>
-    if (argc != 4) return 2;
-    int n = atoi(argv[2]);
-    uint64_t s = strtoull(argv[3], NULL, 10) * 0x9E3779B97F4A7C15ull + 1;
-    int header[256] = {20240520, 1, n};
-    FILE* f = fopen(argv[1], "wb");
-    if (!f || fwrite(header, 4, 256, f) != 256) return 1;
-    for (int i = 0; i < n; i++) {
-        s ^= s >> 12; s ^= s << 25; s ^= s >> 27;
-        uint16_t t = (uint16_t)(((s * 0x2545F4914F6CDD1Dull) >> 32) % 50257);
-        if (fwrite(&t, 2, 1, f) != 1) return 1;
-    }
-    return fclose(f) == 0 ? 0 : 1;
-}
-EOF
-    if ! { "$NVCC" -O2 "$BUILD/synthetic_shard.cpp" -o "$BUILD/synthetic_shard" \
+    if ! { "$NVCC" -O2 -std=c++17 dev/synthetic_shard.cpp -o "$BUILD/synthetic_shard" \
            && "$BUILD/synthetic_shard" "$TRAIN" 400000 1 && "$BUILD/synthetic_shard" "$VAL" 40000 2; } \
          >"$LOGDIR/synthetic_data.log" 2>&1; then
         DATA_NOTE="synthetic data FAILED, see synthetic_data.log"

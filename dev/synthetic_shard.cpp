@@ -1,0 +1,26 @@
+/*
+synthetic_shard <path> <tokens> <seed>: a token shard (llm.c's format) of uniformly random
+ids below GPT-2's 50257, for benchmarks on machines without the prepared data and without a
+network (scripts/gpu_check.sh, scripts/bench_zenflow.sh). Seeded: same arguments, same file.
+*/
+#include "../llmc/dataloader.h"
+#include "../llmc/utils.h"
+
+int main(int argc, char** argv) {
+    if (argc != 4) {
+        fprintf(stderr, "usage: %s <path> <tokens> <seed>\n", argv[0]);
+        return 2;
+    }
+    int n = (int)zf_parse_int("<tokens>", argv[2], 1, 1 << 30);
+    uint64_t state = (uint64_t)zf_parse_int("<seed>", argv[3], 0, 1L << 62) * 0x9E3779B97F4A7C15ull + 1;
+    int header[256] = {SHARD_MAGIC, SHARD_VERSION, n};
+    uint16_t* tokens = (uint16_t*)malloc_check((size_t)n * sizeof(uint16_t));
+    for (int i = 0; i < n; i++) { tokens[i] = (uint16_t)(zf_random_u32(&state) % 50257); }
+    char tmp[4200];
+    FILE* fp = zf_atomic_open(argv[1], tmp, sizeof(tmp));
+    fwrite_check(header, sizeof(int), 256, fp, tmp);
+    fwrite_check(tokens, sizeof(uint16_t), (size_t)n, fp, tmp);
+    zf_atomic_commit(fp, tmp, argv[1]);
+    free(tokens);
+    return 0;
+}
