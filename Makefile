@@ -34,7 +34,7 @@ endif
 
 HEADERS = $(wildcard llmc/*.h) cpu_adam.h zenflow.h
 
-.PHONY: all test run data deps refs clean bench bench_zenflow cuda_dev fuzz
+.PHONY: all test run data deps refs clean bench bench_zenflow cuda_dev fuzz emu
 all: $(CPU_BINS) $(CUDA_BINS)
 
 cpu_adam.o: cpu_adam.cpp cpu_adam.h
@@ -80,6 +80,27 @@ test_gpt2cu: test_gpt2.cu dev/test_common.h train_gpt2.cu cpu_adam.o $(HEADERS) 
 cuda_dev:
 	$(MAKE) -s -C dev/cuda ARCH="$(CUDA_ARCH)"
 
+# The CUDA programs on the CPU emulator (dev/cuda/emu/cuda_runtime.h says what it checks):
+# the same sources, their launches rewritten line for line by cu2cpp.py, compiled by g++
+# with the emulator's cuda_runtime.h and cublasLt.h first on the include path. Needs neither
+# nvcc nor a GPU. The _asan build adds AddressSanitizer (out-of-bounds device accesses).
+EMU_SRC = train_gpt2.cu test_gpt2.cu zenflow.cuh $(wildcard llmc/*.cuh)
+EMU_DEPS = build/emu/src/.stamp $(HEADERS) dev/test_common.h dev/cuda/emu/cuda_runtime.h dev/cuda/emu/cublasLt.h
+EMU_FLAGS = -std=c++17 -fopenmp -ffp-contract=off -Wall -Wno-unused-function -Wno-unknown-pragmas \
+            -I dev/cuda/emu -iquote . -iquote llmc
+EMU_BINS = build/emu/train_gpt2cu build/emu/test_gpt2cu build/emu/test_gpt2cu_asan
+emu: $(EMU_BINS)
+build/emu/src/.stamp: $(EMU_SRC) dev/cuda/emu/cu2cpp.py
+	$(PYTHON) dev/cuda/emu/cu2cpp.py build/emu/src $(EMU_SRC)
+	touch $@
+build/emu/train_gpt2cu: $(EMU_DEPS) cpu_adam.o
+	$(CXX) -O2 $(EMU_FLAGS) -x c++ build/emu/src/train_gpt2.cu -x none cpu_adam.o -o $@ $(LDLIBS)
+build/emu/test_gpt2cu: $(EMU_DEPS) cpu_adam.o
+	$(CXX) -O2 $(EMU_FLAGS) -x c++ build/emu/src/test_gpt2.cu -x none cpu_adam.o -o $@ $(LDLIBS)
+build/emu/test_gpt2cu_asan: $(EMU_DEPS) cpu_adam.cpp
+	$(CXX) -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer \
+	    $(EMU_FLAGS) -x c++ build/emu/src/test_gpt2.cu -x none cpu_adam.cpp -o $@ $(LDLIBS)
+
 # AddressSanitizer + UndefinedBehaviorSanitizer builds of the CPU programs (make test runs
 # the tests and the bad-input checks with them)
 ASAN_FLAGS = -std=c++17 -O1 -g -fopenmp -ffp-contract=off -fsanitize=address,undefined \
@@ -116,7 +137,7 @@ $(REF_DIR)/.stamp: scripts/make_test_refs.sh scripts/gpt2_reference.py scripts/z
 	bash scripts/make_test_refs.sh $(REF_DIR)
 	touch $@
 
-test: deps all $(TSAN_BINS) $(ASAN_BINS) $(FUZZ_BINS) refs
+test: deps all $(TSAN_BINS) $(ASAN_BINS) $(FUZZ_BINS) $(EMU_BINS) refs
 	@bash scripts/run_tests.sh
 
 run: deps data all
@@ -132,4 +153,4 @@ bench: deps bench_cpu_adam
 
 clean:
 	rm -f $(CPU_BINS) $(TSAN_BINS) $(ASAN_BINS) bench_cpu_adam train_gpt2cu test_gpt2cu *.o
-	rm -rf $(REF_DIR) build/cuda build/fuzz
+	rm -rf $(REF_DIR) build/cuda build/fuzz build/emu

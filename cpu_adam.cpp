@@ -227,7 +227,6 @@ static void zf_updater_main(ZfUpdater* u) {
 #endif
     for (;;) {
         ZfJob job;
-        long ticket;
         bool skip;
         {
             std::unique_lock<std::mutex> lk(u->mu);
@@ -235,7 +234,6 @@ static void zf_updater_main(ZfUpdater* u) {
             if (u->queue.empty()) return;  // stop was set and everything has run
             job = u->queue.front();
             u->queue.pop_front();
-            ticket = u->finished;
             skip = u->error != 0;  // after an error the state is suspect: don't run more
         }
         zf_updater_random_sleep(u);
@@ -253,11 +251,9 @@ static void zf_updater_main(ZfUpdater* u) {
                 u->total_ms += ms;
                 u->last_ms = ms;
             }
-            if (status != 0 && u->error == 0) {
-                u->error = status;
-                fprintf(stderr, "zf_updater: job %ld failed with status %d; later jobs are skipped\n",
-                        ticket, status);
-            }
+            // the first error sticks: later jobs are skipped, and the main thread reports it
+            // (one line, with the step) at its next wait
+            if (status != 0 && u->error == 0) { u->error = status; }
             u->finished++;
         }
         u->done.notify_all();

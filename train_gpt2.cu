@@ -35,6 +35,7 @@ required: without it nvcc fuses multiply-adds and AdamW is no longer spec 3.1 to
 */
 #include <errno.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -512,6 +513,19 @@ static void print_memory_table(const GPT2* model, const ZfCudaDevice* dev, const
            (total_bytes - free_bytes) / MiB, free_bytes / MiB, total_bytes / MiB);
 }
 
+// the working copy of the parameters in a host buffer, allocated at the first call (a
+// checkpoint, or the message of a non-finite loss)
+static float* params_on_host(GPT2* model, float** buffer) {
+    if (*buffer == NULL) { *buffer = (float*)malloc_check(model->num_parameters * sizeof(float)); }
+    gpt2_copy_params_to_host(model, *buffer);
+    return *buffer;
+}
+
+// Ctrl-C: the loop stops at the next step boundary, drains the updater, writes a checkpoint
+// if -n asked for them, and exits 130 (as the CPU trainer does)
+static volatile sig_atomic_t g_interrupted = 0;
+static void on_sigint(int) { g_interrupted = 1; }
+
 int main(int argc, char* argv[]) {
     setvbuf(stdout, NULL, _IOLBF, 0);  // one line at a time, also into a log file or a pipe
     TrainArgs args;
@@ -597,8 +611,20 @@ int main(int argc, char* argv[]) {
         printf("resumed from the checkpoint of step %d in %s\n", start_step, output_dir);
     }
 
+    signal(SIGINT, on_sigint);
+
     for (int step = start_step >= 0 ? start_step : 0; step <= steps; step++) {
         int last = step == steps;
+        if (g_interrupted) {
+            if (checkpoint_every > 0) {
+                write_checkpoint(output_dir, step, cfg, params_on_host(&model, &host_params), &zf, &train_loader, rng);
+            } else {
+                zf_wait(&zf);
+            }
+            fprintf(stderr, "error: interrupted (SIGINT) before step %d%s\n", step + 1,
+                    checkpoint_every > 0 ? "; resume with -y 1" : "");
+            exit(130);
+        }
         if (last) { zf_drain(&zf); }  // spec 4.7: what follows must see the final weights
         // a resumed run continues with the step after its checkpoint: the evaluation,
         // sample and checkpoint of this step happened before it was written
@@ -620,9 +646,7 @@ int main(int argc, char* argv[]) {
                         gen_tokens, &rng);
         }
         if (fresh && checkpoint_every > 0 && step > 0 && (step % checkpoint_every == 0 || last)) {
-            if (host_params == NULL) { host_params = (float*)malloc_check(model.num_parameters * sizeof(float)); }
-            gpt2_copy_params_to_host(&model, host_params);  // the working copy
-            write_checkpoint(output_dir, step, cfg, host_params, &zf, &train_loader, rng);
+            write_checkpoint(output_dir, step, cfg, params_on_host(&model, &host_params), &zf, &train_loader, rng);
         }
         if (last) { break; }
 
@@ -631,7 +655,10 @@ int main(int argc, char* argv[]) {
         dataloader_next_batch(&train_loader);
         gpt2_forward(&model, train_loader.inputs, train_loader.targets, B, T);
         if (!isfinite(model.mean_loss)) {
-            zf_fail("step %d: the loss is %f (hint: lower the learning rate -l)", step + 1, model.mean_loss);
+            const char* bad = gpt2_first_nonfinite_tensor(cfg, params_on_host(&model, &host_params));
+            zf_fail("step %d: the loss is %f; %s%s (hint: lower the learning rate -l)", step + 1, model.mean_loss,
+                    bad ? "first non-finite parameter tensor: " : "all parameters are finite, the forward pass overflowed",
+                    bad ? bad : "");
         }
         zf_zero_grads(&zf);  // all of it, or with -za gpu inside a window only the GPU's part
         gpt2_backward(&model);

@@ -889,19 +889,6 @@ void scores_write(FILE* fp, ZenFlow* zf, int step) {
     }
 }
 
-// the first parameter tensor that holds a nan or inf, for the error message
-const char* first_nonfinite_tensor(const GPT2* model) {
-    size_t sizes[NUM_PARAMETER_TENSORS], offset = 0;
-    gpt2_param_sizes(&model->config, sizes);
-    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
-        for (size_t j = 0; j < sizes[i]; j++) {
-            if (!isfinite(model->params_memory[offset + j])) { return gpt2_tensor_names[i]; }
-        }
-        offset += sizes[i];
-    }
-    return NULL;
-}
-
 static volatile sig_atomic_t g_interrupted = 0;
 static void on_sigint(int) { g_interrupted = 1; }
 
@@ -1058,7 +1045,7 @@ int main(int argc, char* argv[]) {
         dataloader_next_batch(&train_loader);
         gpt2_forward(&model, train_loader.inputs, train_loader.targets, B, T);
         if (!isfinite(model.mean_loss)) {
-            const char* bad = first_nonfinite_tensor(&model);
+            const char* bad = gpt2_first_nonfinite_tensor(cfg, model.params_memory);
             zf_fail("step %d: the loss is %f; %s%s (hint: lower the learning rate -l)", step + 1,
                     model.mean_loss, bad ? "first non-finite parameter tensor: " : "all parameters are finite, the forward pass overflowed",
                     bad ? bad : "");

@@ -399,7 +399,7 @@ static int zf_algo_cache_used = 0;
 
 static inline void zf_cublas_init(int use_tf32) {
     cublasCheck(cublasLtCreate(&zf_cublaslt_handle));
-    cudaCheck(cudaMalloc(&zf_cublaslt_workspace, ZF_CUBLASLT_WORKSPACE_BYTES));
+    zf_cublaslt_workspace = cuda_malloc(ZF_CUBLASLT_WORKSPACE_BYTES, "the cuBLASLt workspace");
     zf_cublas_compute = use_tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
     zf_algo_cache_used = 0;
 }

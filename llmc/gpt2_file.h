@@ -70,6 +70,20 @@ static inline void gpt2_param_sizes(const GPT2Config* c, size_t sizes[NUM_PARAME
     }
 }
 
+// the first parameter tensor holding a nan or inf (NULL if none): for the message that stops
+// a run whose loss went non-finite. `params` is the whole parameter array, on the host.
+static inline const char* gpt2_first_nonfinite_tensor(const GPT2Config* c, const float* params) {
+    size_t sizes[NUM_PARAMETER_TENSORS], offset = 0;
+    gpt2_param_sizes(c, sizes);
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+        for (size_t j = 0; j < sizes[i]; j++) {
+            if (!isfinite(params[offset + j])) { return gpt2_tensor_names[i]; }
+        }
+        offset += sizes[i];
+    }
+    return NULL;
+}
+
 static inline size_t gpt2_num_params(const GPT2Config* c) {
     size_t sizes[NUM_PARAMETER_TENSORS];
     gpt2_param_sizes(c, sizes);

@@ -71,6 +71,23 @@ run_test resume "$PYTHON" scripts/test_resume.py ./train_gpt2cpu dev/test/ref/ti
 # the CUDA trainer's call sequence (cuBLASLt layouts, offsets, buffer reuse), emulated in numpy
 run_test cuda_emulation "$PYTHON" dev/cuda/emulate_trainer.py
 
+# The CUDA code on the CPU emulator (dev/cuda/emu; no GPU, no nvcc): the same train_gpt2.cu,
+# zenflow.cuh and kernels, every thread of every block run as a fiber. It checks results,
+# barriers, launch rules, pointers and stream order (not speed, not the real cuBLASLt).
+# lazy: queued GPU work runs only when the host waits for it, so a missing event/wait shows.
+run_test emu_test_gpt2cu env EMU_SCHEDULE=lazy ./build/emu/test_gpt2cu $REFS $ZF_REFS
+# threads and blocks in the opposite order (a missing __syncthreads shows), copies eager
+run_test emu_test_gpt2cu_reverse env EMU_SCHEDULE=eager EMU_REVERSE=1 ./build/emu/test_gpt2cu dev/test/ref/tiny dev/test/ref/zf_a
+# the copy streams lazy, the default stream eager: the opposite race of the lazy run
+run_test emu_test_gpt2cu_copies env EMU_SCHEDULE=lazy_copies ./build/emu/test_gpt2cu dev/test/ref/zf_c
+# AddressSanitizer: a kernel or copy outside its allocation (compute-sanitizer's memcheck, roughly)
+run_test emu_asan ./build/emu/test_gpt2cu_asan dev/test/ref/tiny
+run_test emu_trainers_agree "$PYTHON" scripts/test_trainers_agree.py ./train_gpt2cpu build/emu/train_gpt2cu dev/test/ref/tiny
+run_test emu_resume env EMU_SCHEDULE=lazy "$PYTHON" scripts/test_resume.py build/emu/train_gpt2cu dev/test/ref/tiny --kills 3
+run_test emu_bad_input "$PYTHON" scripts/test_bad_input.py build/emu/train_gpt2cu --emulated-gpu
+run_test failures_cpu "$PYTHON" scripts/test_failures.py ./train_gpt2cpu dev/test/ref/tiny
+run_test emu_failures "$PYTHON" scripts/test_failures.py build/emu/train_gpt2cu dev/test/ref/tiny --steps 30
+
 if [ -x ./test_gpt2cu ]; then
     # without a GPU the binary itself reports SKIPPED with the CUDA runtime's reason
     run_test test_gpt2cu ./test_gpt2cu $REFS $ZF_REFS

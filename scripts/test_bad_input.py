@@ -4,6 +4,10 @@ Bad input must fail cleanly: one line on stderr that names the file or flag and 
 problem, a non-zero exit, no crash (no signal, no sanitizer report), and nothing written.
 
     /usr/bin/python3 scripts/test_bad_input.py ./train_gpt2cpu
+    /usr/bin/python3 scripts/test_bad_input.py build/emu/train_gpt2cu --emulated-gpu
+
+--emulated-gpu: the trainer is the CUDA trainer on the CPU emulator (dev/cuda/emu), whose
+device memory can be made small (EMU_DEVICE_MEMORY_MB): adds "too little GPU memory".
 
 Each case builds its broken file in a temp directory from a good tiny model and shard,
 runs the trainer once, and checks the result. The last line is
@@ -43,10 +47,13 @@ def shard_bytes(tokens, magic=20240520, version=1, count=None):
 
 
 def main():
-    if len(sys.argv) != 2:
+    args = sys.argv[1:]
+    emulated_gpu = "--emulated-gpu" in args
+    args = [a for a in args if a != "--emulated-gpu"]
+    if len(args) != 1:
         print(__doc__)
         return 2
-    trainer = os.path.abspath(sys.argv[1])
+    trainer = os.path.abspath(args[0])
     passed = failed = 0
     with tempfile.TemporaryDirectory() as tmp:
         def write(name, data):
@@ -89,7 +96,10 @@ def main():
             ("unknown model spec", ["-e", "d13"], "d13"),
             ("corrupt tokenizer", ["-k", os.path.join(tmp, "tokenizer_bad.bin")], "tokenizer_bad.bin"),
         ]
-        for name, extra, needle in cases:
+        if emulated_gpu:  # a 20 MiB "GPU": the 32 MiB cuBLASLt workspace does not fit
+            cases.append(("too little GPU memory", [], "out of GPU memory", {"EMU_DEVICE_MEMORY_MB": "20"}))
+        for name, extra, needle, *env in cases:
+            env = dict(os.environ, **env[0]) if env else None
             args = {"-e": good_model, "-i": good_shard, "-j": good_shard, "-b": "2", "-t": "16",
                     "-x": "1", "-v": "0", "-s": "0", "-o": outdir,
                     "-k": os.path.join(tmp, "no_tokenizer.bin")}
@@ -106,7 +116,7 @@ def main():
             argv += positional
             with open(kept, "wb") as f:  # a log from an earlier run, which must survive
                 f.write(b"s:1 trl:1.0\n")
-            result = subprocess.run(argv, cwd=tmp, capture_output=True, text=True, timeout=120)
+            result = subprocess.run(argv, cwd=tmp, capture_output=True, text=True, timeout=120, env=env)
             lines = [l for l in result.stderr.splitlines() if l.strip()]
             problems = []
             if result.returncode <= 0:

@@ -1,0 +1,134 @@
+#!/usr/bin/env python3
+"""
+Clean failure (issue 7): a trainer that must stop, stops with one line that says why, a
+non-zero exit, and nothing lost.
+
+    /usr/bin/python3 scripts/test_failures.py <trainer> <case dir> [--steps N]
+
+<trainer> is ./train_gpt2cpu or a CUDA trainer (without a GPU: build/emu/train_gpt2cu, the
+CUDA source on the CPU emulator). The case dir is a test reference (dev/test/ref/tiny).
+1. Ctrl-C: SIGINT once a few steps are logged (zenflow with overlap and -n): exit 130, the
+   last stderr line says "interrupted (SIGINT)", a checkpoint of the step it stopped at
+   exists, and resuming it with -y 1 ends byte-identical to an uninterrupted run.
+2. a failing CPU update (ZF_FAIL_AT_STEP=6, the debug switch of zenflow.h), with overlap on
+   and off: exit 1, one line naming the updater and the step.
+3. a non-finite parameter (a nan planted in lnfw of the model file): exit 1, one line naming
+   the step, the loss and the tensor lnfw.
+Prints one line per check and `failures: N passed, M failed`; exit 1 on failure.
+"""
+import os
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+
+ZENFLOW = ["-zo", "zenflow", "-zk", "0.2", "-zu", "3", "-zs", "6", "-zv", "1"]
+
+
+def base_args(trainer, case, steps, outdir=None):
+    args = [trainer, "-e", f"{case}/model.bin", "-i", f"{case}/train.bin", "-j", f"{case}/train.bin",
+            "-b", "4", "-t", "16", "-x", str(steps), "-v", "0", "-s", "0", "-l", "1e-3", "-c", "0.1"]
+    return args + (["-o", outdir] if outdir else [])
+
+
+def logged_steps(outdir):
+    try:
+        with open(os.path.join(outdir, "main.log")) as f:
+            return sum(1 for line in f if " trl:" in line)
+    except FileNotFoundError:
+        return 0
+
+
+def stderr_lines(text):
+    return [l for l in text.splitlines() if l.strip()]
+
+
+def one_line_failure(argv, needles, env=None):
+    """runs argv; the problems if it did not exit 1 with one stderr line holding every needle"""
+    r = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=300)
+    lines = stderr_lines(r.stderr)
+    problems = []
+    if r.returncode != 1:
+        problems.append(f"exit code {r.returncode} (want 1)")
+    if len(lines) != 1 or any(n not in lines[0] for n in needles):
+        problems.append(f"stderr {lines[-3:]}")
+    return problems, f"'{lines[0] if lines else ''}'"
+
+
+def main():
+    args = sys.argv[1:]
+    steps = 300
+    if "--steps" in args:
+        i = args.index("--steps")
+        steps = int(args[i + 1])
+        del args[i:i + 2]
+    if len(args) != 2:
+        print(__doc__)
+        return 2
+    trainer, case = os.path.abspath(args[0]), args[1]
+    results = []
+
+    def check(name, problems, detail):
+        results.append(not problems)
+        print(f"{'ok   ' if not problems else 'FAIL '} {name}: {'; '.join(problems) if problems else detail}")
+
+    with tempfile.TemporaryDirectory() as tmp:
+        # 1. SIGINT, then resume
+        ref_dir, int_dir = os.path.join(tmp, "ref"), os.path.join(tmp, "int")
+        ckpt = ["-n", "2"] + ZENFLOW
+        subprocess.run(base_args(trainer, case, steps, ref_dir) + ckpt, check=True, capture_output=True)
+        p = subprocess.Popen(base_args(trainer, case, steps, int_dir) + ckpt, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE, text=True)
+        while p.poll() is None and logged_steps(int_dir) < 3:
+            time.sleep(0.001)
+        p.send_signal(signal.SIGINT)
+        _, err = p.communicate(timeout=300)
+        lines = stderr_lines(err)
+        problems = []
+        if p.returncode != 130:
+            problems.append(f"exit code {p.returncode} (want 130{'; it finished first: raise --steps' if p.returncode == 0 else ''})")
+        if len(lines) != 1 or "interrupted (SIGINT)" not in lines[0]:
+            problems.append(f"stderr {lines[-3:]}")
+        stopped = logged_steps(int_dir)
+        state = os.path.join(int_dir, f"state_{stopped:08d}.bin")
+        if not problems and not os.path.exists(state):
+            problems.append(f"no checkpoint of step {stopped} ({os.path.basename(state)})")
+        if not problems:
+            r = subprocess.run(base_args(trainer, case, steps, int_dir) + ckpt + ["-y", "1"], capture_output=True)
+            final = f"model_{steps:08d}.bin"
+            if r.returncode != 0:
+                problems.append(f"resume exited {r.returncode}")
+            elif open(os.path.join(int_dir, final), "rb").read() != open(os.path.join(ref_dir, final), "rb").read():
+                problems.append("resumed final model differs from the uninterrupted run's")
+        check("SIGINT", problems, f"stopped before step {stopped + 1}: '{lines[0] if lines else ''}'; "
+              f"resumed to step {steps}, final model byte-identical")
+
+        # 2. the CPU update fails
+        for overlap in ("1", "0"):
+            env = dict(os.environ, ZF_FAIL_AT_STEP="6")  # U = 3: a window closes at step 6
+            argv = base_args(trainer, case, 20) + ZENFLOW[:-1] + [overlap]
+            check(f"updater failure, overlap {'on' if overlap == '1' else 'off'}",
+                  *one_line_failure(argv, ["CPU update", "step 6"], env))
+
+        # 3. a nan in lnfw (the second-to-last tensor: the last 2C floats are lnfw, lnfb)
+        with open(f"{case}/model.bin", "rb") as f:
+            data = bytearray(f.read())
+        C = struct.unpack_from("<i", data, 4 * 6)[0]
+        struct.pack_into("<f", data, len(data) - 4 * 2 * C, float("nan"))
+        bad_model = os.path.join(tmp, "nan_model.bin")
+        with open(bad_model, "wb") as f:
+            f.write(data)
+        argv = base_args(trainer, case, 5)
+        argv[argv.index("-e") + 1] = bad_model
+        check("nan parameter", *one_line_failure(argv, ["step 1", "lnfw"]))
+
+    passed = sum(results)
+    print(f"failures: {passed} passed, {len(results) - passed} failed")
+    return 0 if passed == len(results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
