@@ -53,6 +53,7 @@ Build with the headers of this folder first on the include path (see dev/cuda/em
 #include <vector>
 
 #if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
 #include <sanitizer/common_interface_defs.h>
 #endif
 #if !defined(__x86_64__)
@@ -260,6 +261,11 @@ static void emu_fiber_start(EmuFiber* f) {
         if (f->stack == NULL) { emu_die("out of memory for fiber stacks"); }
     }
     f->state = EMU_RUNNABLE;
+#if defined(__SANITIZE_ADDRESS__)
+    // a stack used before still carries the red zones of the frames its last fiber left
+    // behind (a fiber never returns, it is switched away from)
+    ASAN_UNPOISON_MEMORY_REGION(f->stack, f->stack_size);
+#endif
 #if defined(__x86_64__)
     // the frame emu_switch_stack pops: FP control words, r15..r12, rbx, rbp, return address
     uintptr_t top = ((uintptr_t)(f->stack + f->stack_size)) & ~(uintptr_t)15;
