@@ -530,8 +530,6 @@ int main(int argc, char* argv[]) {
     setvbuf(stdout, NULL, _IOLBF, 0);  // one line at a time, also into a log file or a pipe
     TrainArgs args;
     train_args_parse(&args, argc, argv);
-    train_args_refuse(args.trace_path != NULL, "-tr",
-                      "the CPU trainer has the timeline; -zm writes per-step measurements");
     train_args_refuse(args.scores_path != NULL, "-zd", "the CPU trainer has it");
     const char *train_pattern = args.train_pattern, *val_pattern = args.val_pattern;
     const char *model_spec = args.model_spec, *tokenizer_path = args.tokenizer_path;
@@ -611,6 +609,10 @@ int main(int argc, char* argv[]) {
         printf("resumed from the checkpoint of step %d in %s\n", start_step, output_dir);
     }
 
+    if (args.trace_path != NULL) {
+        trace_open(args.trace_path, args.trace_first, args.trace_first + args.trace_steps - 1);
+        gpu_trace_open();
+    }
     signal(SIGINT, on_sigint);
 
     for (int step = start_step >= 0 ? start_step : 0; step <= steps; step++) {
@@ -650,20 +652,26 @@ int main(int argc, char* argv[]) {
         }
         if (last) { break; }
 
+        trace_set_step(step + 1);
         double t0 = zf_now_ms();
         zf_cuda_step_begin(&device, &zf);
         dataloader_next_batch(&train_loader);
+        int span = gpu_trace_begin(0);
         gpt2_forward(&model, train_loader.inputs, train_loader.targets, B, T);
+        gpu_trace_end(span, 0, TRACE_COMPUTE, "forward");
         if (!isfinite(model.mean_loss)) {
             const char* bad = gpt2_first_nonfinite_tensor(cfg, params_on_host(&model, &host_params));
             zf_fail("step %d: the loss is %f; %s%s (hint: lower the learning rate -l)", step + 1, model.mean_loss,
                     bad ? "first non-finite parameter tensor: " : "all parameters are finite, the forward pass overflowed",
                     bad ? bad : "");
         }
+        span = gpu_trace_begin(0);
         zf_zero_grads(&zf);  // all of it, or with -za gpu inside a window only the GPU's part
         gpt2_backward(&model);
+        gpu_trace_end(span, 0, TRACE_COMPUTE, "backward");
         zf_step(&zf, step, hyper);
         ZfStepStats st = zf_cuda_step_end(&device, &zf);  // waits for the default stream
+        gpu_trace_step_done();
         double ms = zf_now_ms() - t0;
         printf("step %d/%d | loss %f | %.1f ms | %.0f tok/s | stall %.1f ms | pcie %.1f MB", step + 1, steps,
                model.mean_loss, ms, B * T / (ms / 1e3), st.stall_ms, (st.d2h_bytes + st.h2d_bytes) / 1e6);
@@ -679,6 +687,7 @@ int main(int argc, char* argv[]) {
         }
     }
 
+    gpu_trace_close();
     if (logfile) { fclose(logfile); }
     if (metrics) { fclose(metrics); }
     if (zf.selection_log != NULL) { fclose(zf.selection_log); }

@@ -66,6 +66,7 @@ Build with -fmad=false (the Makefile does): the AdamW here is bitwise the CPU's.
 #include <cuda_runtime.h>
 
 #include "llmc/cuda_kernels.cuh"
+#include "llmc/cuda_trace.cuh"
 #include "zenflow.h"
 
 // ----------------------------------------------------------------------------
@@ -395,7 +396,9 @@ static ZfFence* zf_cuda_fence(ZfCudaDevice* dev, const float* host) {
 static void zf_cuda_compute_waits(ZfCudaDevice* dev, cudaEvent_t event) {
     int timed = !dev->blocking && dev->num_stalls < ZF_MAX_STALLS;
     if (timed) { cudaCheck(cudaEventRecord(dev->stall_begin[dev->num_stalls], 0)); }
+    int span = gpu_trace_begin(0);
     cudaCheck(cudaStreamWaitEvent(0, event, 0));
+    gpu_trace_end(span, 0, TRACE_WAIT, "GPU waits for a copy");
     if (timed) { cudaCheck(cudaEventRecord(dev->stall_end[dev->num_stalls++], 0)); }
 }
 
@@ -423,10 +426,14 @@ static void zf_cuda_columns_to_host(ZfCudaDevice* dev, const ZenFlow* zf, ZfStag
     zf_cuda_compute_waits(dev, st->d2h_done);
     zf_cuda_compute_waits(dev, st->h2d_done);
     if (st == dev->params_stage) { dev->prefetched = 0; }  // about to overwrite a prefetch
+    int span = gpu_trace_begin(0);
     zf_cuda_gather(dev, st->buf, full, dev->h_cpu_tiles[dev->num_sets]);
+    gpu_trace_end(span, 0, TRACE_COMPUTE, "gather columns");
     cudaCheck(cudaEventRecord(st->kernel_done, 0));
     cudaCheck(cudaStreamWaitEvent(dev->d2h, st->kernel_done, 0));
+    span = gpu_trace_begin(dev->d2h);
     cudaCheck(cudaMemcpyAsync(host, st->buf, bytes, cudaMemcpyDeviceToHost, dev->d2h));
+    gpu_trace_end(span, dev->d2h, TRACE_D2H, full == dev->grads ? "gradient columns" : "parameter columns");
     cudaCheck(cudaEventRecord(st->d2h_done, dev->d2h));
     ZfFence* fence = zf_cuda_fence(dev, host);
     if (fence != NULL) { cudaCheck(cudaEventRecord(fence->done, dev->d2h)); }
@@ -441,7 +448,9 @@ static void zf_cuda_upload(ZfCudaDevice* dev, const ZenFlow* zf, ZfStaging* st, 
     if (bytes == 0) { return; }
     cudaCheck(cudaStreamWaitEvent(dev->h2d, st->kernel_done, 0));
     cudaCheck(cudaStreamWaitEvent(dev->h2d, st->d2h_done, 0));
+    int span = gpu_trace_begin(dev->h2d);
     cudaCheck(cudaMemcpyAsync(st->buf, host, bytes, cudaMemcpyHostToDevice, dev->h2d));
+    gpu_trace_end(span, dev->h2d, TRACE_H2D, "packed columns");
     cudaCheck(cudaEventRecord(st->h2d_done, dev->h2d));
     ZfFence* fence = zf_cuda_fence(dev, host);
     if (fence != NULL) { cudaCheck(cudaEventRecord(fence->done, dev->h2d)); }
@@ -472,12 +481,14 @@ static void zf_cuda_zero_grads(void* ctx, const ZenFlow* zf, int all) {
 static void zf_cuda_column_scores(void* ctx, const ZfMatrix* mat, float* scores) {
     ZfCudaDevice* dev = (ZfCudaDevice*)ctx;
     int rows_per_chunk = colsum_rows_per_chunk(mat->rows), chunks = ceil_div(mat->rows, rows_per_chunk);
+    int span = gpu_trace_begin(0);
     zf_column_scores_partial_kernel<<<dim3(ceil_div(mat->cols, 32), chunks), dim3(32, 8)>>>(
         dev->score_partial, dev->grads + mat->offset, mat->rows, mat->cols, rows_per_chunk);
     cudaCheck(cudaGetLastError());
     cudaCheck(cudaMemsetAsync(dev->scores, 0, mat->cols * sizeof(float), 0));
     column_sum_finalize_kernel<<<ceil_div(mat->cols, 256), 256>>>(dev->scores, dev->score_partial, chunks, mat->cols);
     cudaCheck(cudaGetLastError());
+    gpu_trace_end(span, 0, TRACE_COMPUTE, "column scores");
     cudaCheck(cudaMemcpy(scores, dev->scores, mat->cols * sizeof(float), cudaMemcpyDeviceToHost));
     dev->d2h_bytes += (double)mat->cols * sizeof(float);
 }
@@ -502,6 +513,7 @@ static void zf_cuda_selection_changed(void* ctx, const ZenFlow* zf) {
 // selected columns of every matrix in one launch
 static void zf_cuda_gpu_adam(void* ctx, const ZenFlow* zf, ZfAdamHyper h, int step) {
     ZfCudaDevice* dev = (ZfCudaDevice*)ctx;
+    int span = gpu_trace_begin(0);
     size_t at = 0;
     for (int i = 0; i < zf->num_vectors; i++) {
         const ZfVector* vec = &zf->vectors[i];
@@ -510,12 +522,14 @@ static void zf_cuda_gpu_adam(void* ctx, const ZenFlow* zf, ZfAdamHyper h, int st
         at += vec->n;
     }
     long long chunks = dev->h_gpu_chunks[dev->num_sets];
-    if (chunks == 0) { return; }
-    AdamWConsts c = adamw_consts(h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, step);
-    zf_adam_columns_kernel<<<(unsigned)chunks, ZF_BLOCK>>>(dev->params, dev->grads, dev->m + zf->vector_elems,
-                                                          dev->v + zf->vector_elems, dev->gpu_sets, dev->gpu_chunks,
-                                                          dev->num_sets, dev->order, c);
-    cudaCheck(cudaGetLastError());
+    if (chunks > 0) {
+        AdamWConsts c = adamw_consts(h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, step);
+        zf_adam_columns_kernel<<<(unsigned)chunks, ZF_BLOCK>>>(dev->params, dev->grads, dev->m + zf->vector_elems,
+                                                              dev->v + zf->vector_elems, dev->gpu_sets,
+                                                              dev->gpu_chunks, dev->num_sets, dev->order, c);
+        cudaCheck(cudaGetLastError());
+    }
+    gpu_trace_end(span, 0, TRACE_COMPUTE, "GPU-side AdamW");
 }
 
 // 4.4 (CPU accumulation: g_t, every step) and 4.6 (GPU accumulation: A, at the boundary):
@@ -540,7 +554,9 @@ static void zf_cuda_params_from_host(void* ctx, const ZenFlow* zf, const float* 
     if (!dev->prefetched) { zf_cuda_upload(dev, zf, dev->params_stage, host); }
     dev->prefetched = 0;
     zf_cuda_compute_waits(dev, dev->params_stage->h2d_done);
+    int span = gpu_trace_begin(0);
     zf_cuda_scatter(dev, dev->params, dev->params_stage->buf, dev->h_cpu_tiles[dev->num_sets]);
+    gpu_trace_end(span, 0, TRACE_COMPUTE, "scatter columns (apply)");
     cudaCheck(cudaEventRecord(dev->params_stage->kernel_done, 0));
     dev->h2d_bytes += (double)zf->cpu_elems * sizeof(float);
 }
@@ -707,6 +723,7 @@ static void zenflow_cuda_init(ZenFlow* zf, ZfCudaDevice* dev, float* params, flo
     be.moments_from_host = zf_cuda_moments_from_host;
     be.host_wait = zf_cuda_host_wait;
     be.host_blocks = zf_cuda_host_blocks;
+    be.traces_device = 1;  // llmc/cuda_trace.cuh: event-timed spans
     zf_init(zf, cfg, model, be);
     const ZfConfig* c = &zf->cfg;
 

@@ -145,6 +145,10 @@ typedef struct {
     // optional, for measuring stalls: the main thread is about to block on the CPU side
     // (begin = 1) or has stopped blocking (begin = 0); never nested by zenflow.h
     void (*host_blocks)(void* ctx, int begin);
+    // 1: the backend puts its device work on the timeline (-tr) itself, timed on the device
+    // (the CUDA backend: its calls return before the work is done, so the host clock would
+    // time only the launches); zenflow.h then traces the host's work only
+    int traces_device;
 } ZfBackend;
 
 // the frozen inputs of one window's CPU update (spec 5: a job reads only frozen buffers)
@@ -207,6 +211,12 @@ typedef struct ZenFlow {
                               // threads add to it (atomically): read with zf_cpu_work_ms
     FILE* selection_log;      // if set: "sel" and "scores" lines at every selection
 } ZenFlow;
+
+// device work on the timeline (-tr), timed by the host from t0 to now: right for a backend
+// whose calls finish the work (the CPU trainer's); the CUDA backend traces its own
+static inline void zf_trace_device(const ZenFlow* zf, TraceTrack track, const char* name, double t0) {
+    if (!zf->backend.traces_device) { trace_event(track, name, t0, zf_now_ms()); }
+}
 
 // spec 2: n_sel = floor(k * IC + 0.5), in double like the reference (k as parsed from the flag)
 static inline int zf_n_sel(double k, int cols) { return (int)floor(k * cols + 0.5); }
@@ -448,7 +458,7 @@ static inline void zf_wait_and_apply(ZenFlow* zf) {
     zf_wait_window(zf);
     double t0 = zf_now_ms();
     zf->backend.params_from_host(zf->backend.ctx, zf, zf->master);
-    trace_event(TRACE_H2D, "apply", t0, zf_now_ms());
+    zf_trace_device(zf, TRACE_H2D, "apply", t0);
     zf->pending = 0;
 }
 
@@ -600,14 +610,14 @@ static inline void zf_step(ZenFlow* zf, int t, ZfAdamHyper hyper) {
         if (first || due) {
             double t0 = zf_now_ms();
             zf_select(zf, t);
-            trace_event(TRACE_COMPUTE, "select + migrate", t0, zf_now_ms());
+            zf_trace_device(zf, TRACE_COMPUTE, "select + migrate", t0);
         }
     }
 
     // 4.3 GPU update: selected columns and vectors, with g_t (during warm-up: vectors only)
     double t0 = zf_now_ms();
     be->gpu_adam(be->ctx, zf, hyper, s);
-    trace_event(TRACE_COMPUTE, "GPU-side AdamW", t0, zf_now_ms());
+    zf_trace_device(zf, TRACE_COMPUTE, "GPU-side AdamW", t0);
     if (zf->cpu_elems == 0) { return; }  // adamw mode: the CPU owns nothing
 
     // the CPU's part of this step runs in the background (overlap), or here and now
@@ -624,7 +634,7 @@ static inline void zf_step(ZenFlow* zf, int t, ZfAdamHyper hyper) {
         stage = zf_take_stage(zf, background);
         double t1 = zf_now_ms();
         be->grads_to_host(be->ctx, zf, zf->grad_stage[stage]);
-        trace_event(TRACE_D2H, "gradients", t1, zf_now_ms());
+        zf_trace_device(zf, TRACE_D2H, "gradients", t1);
         if (U == 1) {
             // a window of one step: A = 0 + g_t, which is g_t itself (a gradient is a sum that
             // starts from +0, so it is never -0, the one value 0 + g would change)
@@ -659,7 +669,7 @@ static inline void zf_step(ZenFlow* zf, int t, ZfAdamHyper hyper) {
         zf->cpu_update_ms = job.ms;
         double t4 = zf_now_ms();
         be->params_from_host(be->ctx, zf, zf->master);
-        trace_event(TRACE_H2D, "apply", t4, zf_now_ms());
+        zf_trace_device(zf, TRACE_H2D, "apply", t4);
     } else {
         // overlap: apply window w-1, then hand window w to the updater and go on training
         zf_wait_and_apply(zf);

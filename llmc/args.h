@@ -28,7 +28,7 @@ typedef struct {
     const char* selection_log;   // -zl
     const char* scores_path;     // -zd (CPU trainer)
     const char* metrics_path;    // -zm (CUDA trainer)
-    const char* trace_path;      // -tr (CPU trainer)
+    const char* trace_path;      // -tr
     int trace_first, trace_steps;  // -tf -tn
 } TrainArgs;
 
@@ -68,7 +68,7 @@ static inline void train_args_usage(const char* program) {
             "  -zl <string> write every selection (columns and scores) to this file\n"
             "  -zd <string> write every step's column scores to this file (CPU trainer; the locality study)\n"
             "  -zm <string> write per-step measurements as CSV to this file (CUDA trainer)\n"
-            "Timeline (a Chrome trace-event file for Perfetto / chrome://tracing; CPU trainer):\n"
+            "Timeline (a Chrome trace-event file for Perfetto / chrome://tracing):\n"
             "  -tr <string> trace file (default none)\n"
             "  -tf <int>    first step to trace, 1-based (default 1)\n"
             "  -tn <int>    number of steps to trace (default 8)\n"

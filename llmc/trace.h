@@ -8,7 +8,8 @@ behind the GPU's compute or the GPU waits for it.
 
 Usage: trace_open(path, first_step, last_step) once; trace_set_step(t) at the top of every
 step; then trace_event(track, name, t0_ms, t1_ms) with times from zf_now_ms(). Events
-outside the chosen steps are dropped. Safe to call from the updater thread.
+outside the chosen steps are dropped. Safe to call from the updater thread. The CUDA
+trainer times its GPU work with CUDA events instead (llmc/cuda_trace.cuh).
 */
 #ifndef LLMC_TRACE_H
 #define LLMC_TRACE_H
@@ -61,15 +62,20 @@ static inline int trace_active(void) {
     return step >= g_trace.first_step && step <= g_trace.last_step;
 }
 
-static inline void trace_event(TraceTrack track, const char* name, double t0_ms, double t1_ms) {
-    if (!trace_active()) { return; }
+// an event of a given step: the CUDA trainer writes its GPU work once the events that timed
+// it have completed, which can be a step later (llmc/cuda_trace.cuh)
+static inline void trace_event_at(TraceTrack track, const char* name, double t0_ms, double t1_ms, int step) {
+    if (g_trace.fp == NULL || step < g_trace.first_step || step > g_trace.last_step) { return; }
     std::lock_guard<std::mutex> lock(g_trace.mu);
     fprintf(g_trace.fp,
             ",\n{\"name\": \"%s\", \"ph\": \"X\", \"pid\": 1, \"tid\": %d, \"ts\": %.1f, "
             "\"dur\": %.1f, \"args\": {\"step\": %d}}",
-            name, (int)track, (t0_ms - g_trace.origin_ms) * 1e3, (t1_ms - t0_ms) * 1e3,
-            g_trace.step.load());
+            name, (int)track, (t0_ms - g_trace.origin_ms) * 1e3, (t1_ms - t0_ms) * 1e3, step);
     g_trace.num_events++;
+}
+
+static inline void trace_event(TraceTrack track, const char* name, double t0_ms, double t1_ms) {
+    trace_event_at(track, name, t0_ms, t1_ms, g_trace.step.load());
 }
 
 static inline void trace_close(void) {
