@@ -17,7 +17,8 @@
 #    zenflow with both transports; its table is appended to the summary), then, if time
 #    remains, GPT-2 124M (d12, random init, -zo adamw), T=1024: B=4 and B=16 with TF32, B=4
 #    in fp32; 12 steps each, on tinyshakespeare if data/tinyshakespeare/*.bin exist, else on
-#    a synthetic shard of random tokens written here (no network needed)
+#    a synthetic shard of random tokens written here (no network needed); and the d12
+#    timelines of offload and zenflow (-tr, steps 4..7) for the teaching pictures
 # Prints a summary table LAST (also $LOGDIR/summary.md); every log is under <logdir>.
 #
 # Benchmark numbers: ms/step = median of steps 3..12 (steps 1-2 are warm-up: cuBLASLt
@@ -375,6 +376,19 @@ else
         record "bench zenflow" FAIL "$(timeout_note $rc) (see bench_zenflow.log)"
     fi
 fi
+# timelines for the teaching pictures (issue 6): d12, B=4, T=1024, offload and zenflow, steps
+# 4..7 traced (-tr); draw them with scripts/plot_timeline.py --trace offload=... --trace zenflow=...
+for mode in offload zenflow; do
+    if [ $rc_train -ne 0 ] || out_of_time; then record "timeline $mode" SKIPPED "build failed or out of time"; continue; fi
+    run_logged "$LOGDIR/timeline_$mode.log" 120 "$BUILD/train_gpt2cu" -e d12 -b 4 -t 1024 -x 8 -v 0 -s 0 \
+        -i "$TRAIN" -j "$VAL" -zo $mode -tr "$LOGDIR/trace_d12_$mode.json" -tf 4 -tn 4
+    rc=$?
+    if [ $rc -eq 0 ]; then
+        record "timeline $mode" PASS "trace_d12_$mode.json ($(grep -c '"ph": "X"' "$LOGDIR/trace_d12_$mode.json") events)"
+    else
+        record "timeline $mode" FAIL "$(timeout_note $rc): $(tail -1 "$LOGDIR/timeline_$mode.log")"
+    fi
+done
 # the CUDA trainer's kernels alone (issue 4), if time remains
 bench "d12 B=4 TF32" d12_B4_tf32 4 1
 bench "d12 B=16 TF32" d12_B16_tf32 16 1
