@@ -84,11 +84,14 @@ cuda_dev:
 # the same sources, their launches rewritten line for line by cu2cpp.py, compiled by g++
 # with the emulator's cuda_runtime.h and cublasLt.h first on the include path. Needs neither
 # nvcc nor a GPU. The _asan build adds AddressSanitizer (out-of-bounds device accesses).
-EMU_SRC = train_gpt2.cu test_gpt2.cu zenflow.cuh $(wildcard llmc/*.cuh)
+EMU_SRC = train_gpt2.cu test_gpt2.cu zenflow.cuh $(wildcard llmc/*.cuh) $(wildcard dev/cuda/*.cu) dev/cuda/common.h \
+          $(HEADERS) dev/test_common.h
+# dev/cuda's validations too (ZF_SKIP_BENCHMARKS=1 in make test: emulated timings mean nothing)
+EMU_DEV_CUDA = $(patsubst dev/cuda/%.cu,build/emu/dev_cuda/%,$(filter-out dev/cuda/zenflow_host.cu,$(wildcard dev/cuda/*.cu)))
 EMU_DEPS = build/emu/src/.stamp $(HEADERS) dev/test_common.h dev/cuda/emu/cuda_runtime.h dev/cuda/emu/cublasLt.h
 EMU_FLAGS = -std=c++17 -fopenmp -ffp-contract=off -Wall -Wno-unused-function -Wno-unknown-pragmas \
             -I dev/cuda/emu -iquote . -iquote llmc
-EMU_BINS = build/emu/train_gpt2cu build/emu/test_gpt2cu build/emu/test_gpt2cu_asan
+EMU_BINS = build/emu/train_gpt2cu build/emu/test_gpt2cu build/emu/test_gpt2cu_asan $(EMU_DEV_CUDA)
 emu: $(EMU_BINS)
 build/emu/src/.stamp: $(EMU_SRC) dev/cuda/emu/cu2cpp.py
 	$(PYTHON) dev/cuda/emu/cu2cpp.py build/emu/src $(EMU_SRC)
@@ -97,6 +100,9 @@ build/emu/train_gpt2cu: $(EMU_DEPS) cpu_adam.o
 	$(CXX) -O2 $(EMU_FLAGS) -x c++ build/emu/src/train_gpt2.cu -x none cpu_adam.o -o $@ $(LDLIBS)
 build/emu/test_gpt2cu: $(EMU_DEPS) cpu_adam.o
 	$(CXX) -O2 $(EMU_FLAGS) -x c++ build/emu/src/test_gpt2.cu -x none cpu_adam.o -o $@ $(LDLIBS)
+build/emu/dev_cuda/%: $(EMU_DEPS) cpu_adam.o
+	@mkdir -p build/emu/dev_cuda
+	$(CXX) -O2 $(EMU_FLAGS) -x c++ build/emu/src/dev/cuda/$*.cu -x none cpu_adam.o -o $@ $(LDLIBS)
 build/emu/test_gpt2cu_asan: $(EMU_DEPS) cpu_adam.cpp
 	$(CXX) -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer \
 	    $(EMU_FLAGS) -x c++ build/emu/src/test_gpt2.cu -x none cpu_adam.cpp -o $@ $(LDLIBS)

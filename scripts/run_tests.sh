@@ -83,6 +83,8 @@ run_test emu_test_gpt2cu_copies env EMU_SCHEDULE=lazy_copies ./build/emu/test_gp
 # AddressSanitizer: a kernel or copy outside its allocation (compute-sanitizer's memcheck, roughly);
 # the tiny case only: with the ZenFlow cases (tiny zf_a: 44 checks, passed) it takes 5 minutes
 run_test emu_asan ./build/emu/test_gpt2cu_asan dev/test/ref/tiny
+# every dev/cuda kernel validation against its CPU reference (benchmarks skipped)
+run_test emu_dev_cuda bash -c 'for p in build/emu/dev_cuda/*; do ZF_SKIP_BENCHMARKS=1 "$p" || exit 1; done'
 run_test emu_trainers_agree "$PYTHON" scripts/test_trainers_agree.py ./train_gpt2cpu build/emu/train_gpt2cu dev/test/ref/tiny
 run_test emu_resume env EMU_SCHEDULE=lazy "$PYTHON" scripts/test_resume.py build/emu/train_gpt2cu dev/test/ref/tiny --kills 3
 run_test emu_bad_input "$PYTHON" scripts/test_bad_input.py build/emu/train_gpt2cu --emulated-gpu

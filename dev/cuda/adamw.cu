@@ -55,6 +55,7 @@ static void validate(size_t n, float lr, float wd, int steps, uint64_t* rng) {
 }
 
 static void benchmark(size_t n, uint64_t* rng) {
+    if (!benchmarks_wanted()) { return; }
     printf("benchmark N=%zu\n", n);
     float* h = random_floats(n, -1.0f, 1.0f, rng);
     float *p = to_device(h, n), *m = to_device(h, n), *v = to_device(h, n), *g = to_device(h, n);

@@ -73,6 +73,7 @@ static void validate(int N, int V, uint64_t* rng) {
 }
 
 static void benchmark(int N, int V, uint64_t* rng) {
+    if (!benchmarks_wanted()) { return; }
     int Vp = (V + 127) / 128 * 128;
     size_t n = (size_t)N * Vp;
     printf("benchmark N=%d V=%d\n", N, V);

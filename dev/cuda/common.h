@@ -10,6 +10,7 @@ random data at several sizes, then times them.
 - benchmark_us: mean time of a launch over `repeats` runs, timed with CUDA events, with the
   L2 cache flushed before each run (otherwise a kernel re-reading its own input from a
   50 MB L2 would look faster than it is).
+- benchmarks_wanted: 0 with ZF_SKIP_BENCHMARKS=1 (each program's benchmark() returns at once).
 - report_bandwidth: µs, GB/s and the fraction of a peak copy bandwidth, 4300 GB/s by default
   (an H200's measured device-to-device copy), or ZF_PEAK_GBS=<GB/s> from the environment.
 Without a CUDA device every program prints "<name>: SKIPPED (...)" and exits 0.
@@ -100,6 +101,13 @@ static int validate_result(const float* device_result, const float* ref, size_t 
 
 // ----------------------------------------------------------------------------
 // timing
+
+// 0 with ZF_SKIP_BENCHMARKS=1 in the environment: validation only (make test runs these
+// programs on the CPU emulator, dev/cuda/emu, where timings mean nothing and take minutes)
+static int benchmarks_wanted(void) {
+    const char* env = getenv("ZF_SKIP_BENCHMARKS");
+    return env == NULL || atoi(env) == 0;
+}
 
 // mean µs per call of launch() over `repeats` calls, L2 flushed before each
 template <typename Launch>

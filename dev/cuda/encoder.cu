@@ -114,6 +114,7 @@ static void validate(int B, int T, int C, int V, int skewed, uint64_t* rng) {
 }
 
 static void benchmark(int B, int T, int C, int V, int skewed, uint64_t* rng) {
+    if (!benchmarks_wanted()) { return; }
     size_t BT = (size_t)B * T;
     printf("benchmark B=%d T=%d C=%d V=%d%s\n", B, T, C, V, skewed ? " (8 distinct tokens)" : "");
     float *wte, *wpe, *dout;

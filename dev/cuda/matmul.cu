@@ -132,6 +132,7 @@ static void validate(int BT, int C, int OC, int offset, uint64_t* rng) {
 }
 
 static void benchmark(const char* name, int BT, int C, int OC, int naive, uint64_t* rng) {
+    if (!benchmarks_wanted()) { return; }
     printf("benchmark %s: BT=%d C=%d OC=%d\n", name, BT, C, OC);
     size_t n_inp = (size_t)BT * C, n_w = (size_t)OC * C, n_out = (size_t)BT * OC;
     float* h = random_floats(n_out > n_w ? (n_out > n_inp ? n_out : n_inp) : (n_w > n_inp ? n_w : n_inp), -1.0f,

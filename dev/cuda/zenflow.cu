@@ -232,6 +232,7 @@ static void validate(const char* spec, double k, uint64_t* rng) {
 }
 
 static void benchmark(const char* spec, double k, uint64_t* rng) {
+    if (!benchmarks_wanted()) { return; }
     GPT2Config c;
     if (!gpt2_parse_model_spec(spec, &c)) { zf_fail("bad spec %s", spec); }
     size_t N = gpt2_num_params(&c);
