@@ -35,7 +35,6 @@ required: without it nvcc fuses multiply-adds and AdamW is no longer spec 3.1 to
 */
 #include <errno.h>
 #include <math.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -521,11 +520,6 @@ static float* params_on_host(GPT2* model, float** buffer) {
     return *buffer;
 }
 
-// Ctrl-C: the loop stops at the next step boundary, drains the updater, writes a checkpoint
-// if -n asked for them, and exits 130 (as the CPU trainer does)
-static volatile sig_atomic_t g_interrupted = 0;
-static void on_sigint(int) { g_interrupted = 1; }
-
 int main(int argc, char* argv[]) {
     setvbuf(stdout, NULL, _IOLBF, 0);  // one line at a time, also into a log file or a pipe
     TrainArgs args;
@@ -613,19 +607,13 @@ int main(int argc, char* argv[]) {
         trace_open(args.trace_path, args.trace_first, args.trace_first + args.trace_steps - 1);
         gpu_trace_open();
     }
-    signal(SIGINT, on_sigint);
+    catch_sigint();  // Ctrl-C: llmc/checkpoint.h
 
     for (int step = start_step >= 0 ? start_step : 0; step <= steps; step++) {
         int last = step == steps;
         if (g_interrupted) {
-            if (checkpoint_every > 0) {
-                write_checkpoint(output_dir, step, cfg, params_on_host(&model, &host_params), &zf, &train_loader, rng);
-            } else {
-                zf_wait(&zf);
-            }
-            fprintf(stderr, "error: interrupted (SIGINT) before step %d%s\n", step + 1,
-                    checkpoint_every > 0 ? "; resume with -y 1" : "");
-            exit(130);
+            const float* params = checkpoint_every > 0 ? params_on_host(&model, &host_params) : NULL;
+            exit_interrupted(output_dir, step, checkpoint_every, cfg, params, &zf, &train_loader, rng);
         }
         if (last) { zf_drain(&zf); }  // spec 4.7: what follows must see the final weights
         // a resumed run continues with the step after its checkpoint: the evaluation,

@@ -19,7 +19,6 @@ orchestration (zenflow_cpu.h) or, for plain AdamW, to cpu_adam.cpp.
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <signal.h>
 #include <sys/stat.h>
 
 #include "../cpu_adam.h"
@@ -889,8 +888,6 @@ void scores_write(FILE* fp, ZenFlow* zf, int step) {
     }
 }
 
-static volatile sig_atomic_t g_interrupted = 0;
-static void on_sigint(int) { g_interrupted = 1; }
 
 // ----------------------------------------------------------------------------
 // sampling
@@ -1001,19 +998,12 @@ int main(int argc, char* argv[]) {
         read_checkpoint_state(output_dir, start_step, &zf, &train_loader, &rng);
         printf("resumed from the checkpoint of step %d in %s\n", start_step, output_dir);
     }
-    signal(SIGINT, on_sigint);
+    catch_sigint();
 
     for (int step = start_step >= 0 ? start_step : 0; step <= steps; step++) {
         int last = step == steps;
         if (g_interrupted) {
-            if (checkpoint_every > 0) {
-                write_checkpoint(output_dir, step, cfg, model.params_memory, &zf, &train_loader, rng);
-            } else {
-                zf_wait(&zf);
-            }
-            fprintf(stderr, "error: interrupted (SIGINT) before step %d%s\n", step + 1,
-                    checkpoint_every > 0 ? "; resume with -y 1" : "");
-            exit(130);
+            exit_interrupted(output_dir, step, checkpoint_every, cfg, model.params_memory, &zf, &train_loader, rng);
         }
         if (last) { zf_drain(&zf); }  // spec 4.7: what follows must see the final weights
         // a resumed run continues with the step after its checkpoint: the evaluation,

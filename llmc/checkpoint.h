@@ -9,6 +9,7 @@ first, so a kill at any moment leaves the previous checkpoint intact.
 #define LLMC_CHECKPOINT_H
 
 #include <dirent.h>
+#include <signal.h>
 
 #include "../zenflow.h"
 #include "dataloader.h"
@@ -91,6 +92,26 @@ static inline void read_checkpoint_state(const char* dir, int step, ZenFlow* zf,
     zf_load_state(zf, fp, path);
     if (fgetc(fp) != EOF) { zf_fail("%s: trailing bytes (corrupt file?)", path); }
     fclose(fp);
+}
+
+// Ctrl-C (SIGINT), the same in both trainers: the handler only sets a flag; the training loop
+// checks it at each step boundary and calls exit_interrupted, which waits for the CPU
+// updater, writes a checkpoint if -n asked for them (`params`: the working copy on the host),
+// and exits 130 with one line.
+static volatile sig_atomic_t g_interrupted = 0;
+static void on_sigint(int) { g_interrupted = 1; }
+static inline void catch_sigint(void) { signal(SIGINT, on_sigint); }
+
+static inline void exit_interrupted(const char* dir, int step, int checkpoint_every, const GPT2Config* config,
+                                    const float* params, ZenFlow* zf, const DataLoader* loader, uint64_t rng) {
+    if (checkpoint_every > 0) {
+        write_checkpoint(dir, step, config, params, zf, loader, rng);
+    } else {
+        zf_wait(zf);
+    }
+    fprintf(stderr, "error: interrupted (SIGINT) before step %d%s\n", step + 1,
+            checkpoint_every > 0 ? "; resume with -y 1" : "");
+    exit(130);
 }
 
 #endif  // LLMC_CHECKPOINT_H
