@@ -301,6 +301,12 @@ int zf_updater_wait(ZfUpdater* u, long ticket) {
     return u->error;
 }
 
+int zf_updater_finished(ZfUpdater* u, long ticket) {
+    if (ticket < 0) { return 1; }
+    std::lock_guard<std::mutex> lk(u->mu);
+    return ticket < u->finished;
+}
+
 int zf_updater_drain(ZfUpdater* u) {
     std::unique_lock<std::mutex> lk(u->mu);
     u->done.wait(lk, [u] { return u->finished == u->submitted; });

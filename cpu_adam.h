@@ -82,6 +82,10 @@ int zf_updater_wait(ZfUpdater* u, long ticket);
 // Block until every submitted job has finished. Returns 0 or the first error.
 int zf_updater_drain(ZfUpdater* u);
 
+// Without blocking: 1 if the job with this ticket has finished or been skipped (a negative
+// ticket: 1), else 0. What zf_updater_wait would do now without waiting.
+int zf_updater_finished(ZfUpdater* u, long ticket);
+
 // Drain (pending jobs still run), stop and join the thread, free. Returns 0 or the first
 // error, so an error is reported even if nobody waited after it. u may be NULL.
 int zf_updater_destroy(ZfUpdater* u);

@@ -217,6 +217,8 @@ static int is_zenflow_case(const char* dir) {
 typedef struct {
     std::vector<float> losses;
     std::vector<float> params;  // after the run (and its drain)
+    long groups_out, groups_in; // transfer groups moved layer by layer (zenflow.h pipelining)
+    int num_groups;             // 1 + L
 } ZfRun;
 
 // `steps` steps of the case's run with ZenFlow settings z (all of them if steps < 0); the
@@ -224,7 +226,7 @@ typedef struct {
 // steps, writes its state (zf_save_state) and parameters, and a second ZenFlow on a fresh
 // model resumes from them (the checkpoint test).
 static ZfRun zf_run(const char* dir, const ZfCase* c, ZfConfig z, int steps, const char* sel_path,
-                    int save_at = 0) {
+                    int save_at = 0, int pipeline = 1) {
     char path[4096];
     if (steps < 0) { steps = c->s.steps; }
     snprintf(path, sizeof(path), "%s/model.bin", dir);
@@ -237,6 +239,8 @@ static ZfRun zf_run(const char* dir, const ZfCase* c, ZfConfig z, int steps, con
     ZfCudaDevice dev;
     zenflow_cuda_init(&zf, &dev, model.params_memory, model.grads_memory, &model.config, z);
     if (sel_path != NULL) { zf.selection_log = fopen_check(sel_path, "w"); }
+    zf.pipeline = pipeline;  // as the trainer: the passes call the per-layer hooks
+    model.zf = &zf;
     ZfAdamHyper hyper = {c->s.lr, 0.9f, 0.95f, 1e-8f, c->s.wd};
     ZfRun out;
     for (int t = 0; t < steps; t++) {
@@ -254,18 +258,23 @@ static ZfRun zf_run(const char* dir, const ZfCase* c, ZfConfig z, int steps, con
             cudaCheck(cudaMemcpy(model.params_memory, params.data(), params.size() * sizeof(float),
                                  cudaMemcpyHostToDevice));
             zenflow_cuda_init(&zf, &dev, model.params_memory, model.grads_memory, &model.config, z);
+            zf.pipeline = pipeline;
+            model.zf = &zf;
             rewind(fp);
             zf_load_state(&zf, fp, "checkpoint test");
             fclose(fp);
         }
         dataloader_next_batch(&loader);
         gpt2_forward(&model, loader.inputs, loader.targets, c->s.B, c->s.T);
-        zf_zero_grads(&zf);
+        zf_before_backward(&zf, t);
         gpt2_backward(&model);
         zf_step(&zf, t, hyper);
         out.losses.push_back(model.mean_loss);
     }
     zf_drain(&zf);
+    out.groups_out = zf.groups_out;
+    out.groups_in = zf.groups_in;
+    out.num_groups = zf.num_groups;
     out.params.resize(model.num_parameters);
     gpt2_copy_params_to_host(&model, out.params.data());
     if (zf.selection_log != NULL) { fclose(zf.selection_log); }
@@ -372,7 +381,17 @@ static void test_zenflow_invariants(const char* dir) {
     }
     ZfConfig off = zf_default_config();
     off.mode = ZF_MODE_OFFLOAD;
-    report_same(same_run(zf_run(dir, &c, off, -1, NULL), ref), "offload == adamw", REPORT_WIDTH);
+    ZfRun offload = zf_run(dir, &c, off, -1, NULL);
+    report_same(same_run(offload, ref), "offload == adamw", REPORT_WIDTH);
+    report_same(same_run(zf_run(dir, &c, off, -1, NULL, 0, 0), ref), "offload, transfers whole (-zp 0) == adamw",
+                REPORT_WIDTH);
+    // each layer's gradients left on their own at every step after the first (which lays out
+    // the ownership), and each step's update came back layer by layer (the last at the drain)
+    long groups = offload.num_groups;
+    int moved = offload.groups_out == (c.s.steps - 1) * groups && offload.groups_in == c.s.steps * groups;
+    printf("  %-62s %ld out, %ld in  %s\n", "  ... offload moved layer by layer", offload.groups_out, offload.groups_in,
+           moved ? "ok" : "FAIL");
+    check(moved, "offload did not move its transfers layer by layer");
 
     // determinism of the threaded path, with copies in flight; it must differ from adamw
     for (int tr = 0; tr < 2; tr++) {
@@ -398,6 +417,11 @@ static void test_zenflow_invariants(const char* dir) {
         ZfRun resumed = zf_run(dir, &c, z, -1, NULL, 5);
         snprintf(what, sizeof(what), "zenflow -za %s, checkpoint after step 5 and resume", zf_transport_names[tr]);
         report_same(same_run(first, resumed), what, REPORT_WIDTH);
+        snprintf(what, sizeof(what), "zenflow -za %s, transfers whole (-zp 0) == per layer", zf_transport_names[tr]);
+        report_same(same_run(zf_run(dir, &c, z, -1, NULL, 0, 0), first), what, REPORT_WIDTH);
+        printf("  %-62s %ld groups out  %s\n", "  ... gradients moved layer by layer", first.groups_out,
+               first.groups_out > 0 ? "ok" : "FAIL");
+        check(first.groups_out > 0, "zenflow did not move gradients layer by layer");
     }
 }
 

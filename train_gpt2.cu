@@ -191,6 +191,7 @@ typedef struct {
     int B, T;          // of the last forward
     float mean_loss;   // of the last forward with targets, else -1
     int logits_valid;  // 1 if acts.logits holds logits (forward without targets)
+    ZenFlow* zf;       // if set, the passes call its per-layer hooks (zenflow.h, spec 7)
 } GPT2;
 
 // ----------------------------------------------------------------------------
@@ -304,8 +305,10 @@ void gpt2_forward(GPT2* model, const int* inputs, const int* targets, int B, int
     ScratchTensors s = model->scratch;
     const size_t BTC = (size_t)BT * C;
     const size_t att_size = (size_t)B * NH * T * T;
+    if (model->zf != NULL) { zf_forward_layer(model->zf, -1); }  // wte, wpe in place (or on their way)
     encoder_forward(a.encoded, inputs_d, p.wte, p.wpe, B, T, C);  // (B, T, C)
     for (int l = 0; l < L; l++) {
+        if (model->zf != NULL) { zf_forward_layer(model->zf, l); }  // layer l's weights in place
         const float* residual = l == 0 ? a.encoded : a.residual3 + (l - 1) * BTC;  // (B, T, C)
         float* ln1 = a.ln1 + l * BTC;                      // (B, T, C)
         float* ln1_mean = a.ln1_mean + (size_t)l * BT;     // (B, T)
@@ -399,6 +402,7 @@ void gpt2_backward(GPT2* model) {
                         a.ln1 + l * BTC, p.qkvw + (size_t)l * 3 * C * C, BT, C, 3 * C);  // dln1
         layernorm_backward(dres, g.ln1w + l * C, g.ln1b + l * C, s.colsum, s.dbtc, residual,
                            p.ln1w + l * C, a.ln1_mean + lbt, a.ln1_rstd + lbt, BT, C);  // dres = d residual
+        if (model->zf != NULL) { zf_backward_layer_done(model->zf, l); }  // its gradients may leave now
     }
     const int* ids = model->ids;
     encoder_backward(g.wte, g.wpe, dres, ids + 2 * BT, ids + 3 * BT, ids + 4 * BT, model->num_buckets, B,
@@ -515,6 +519,7 @@ static void print_memory_table(const GPT2* model, const ZfCudaDevice* dev, const
 // the working copy of the parameters in a host buffer, allocated at the first call (a
 // checkpoint, or the message of a non-finite loss)
 static float* params_on_host(GPT2* model, float** buffer) {
+    if (model->zf != NULL) { zf_apply_pending(model->zf); }  // an apply still under way (pipelining)
     if (*buffer == NULL) { *buffer = (float*)malloc_check(model->num_parameters * sizeof(float)); }
     gpt2_copy_params_to_host(model, *buffer);
     return *buffer;
@@ -571,10 +576,13 @@ int main(int argc, char* argv[]) {
     ZfCudaDevice device;
     zenflow_cuda_init(&zf, &device, model.params_memory, model.grads_memory, cfg, zcfg);
     zcfg = zf.cfg;  // as the mode sets it
+    zf.pipeline = args.pipeline;  // gpt2_forward / gpt2_backward call the per-layer hooks
+    model.zf = &zf;
     if (selection_log != NULL) { zf.selection_log = fopen_check(selection_log, "w"); }
     printf("[optimizer] %s: topk %g, update interval %d, select interval %d, warm-up %d, overlap %s, "
-           "accumulation on the %s\n", zf_mode_names[zcfg.mode], zcfg.topk, zcfg.update_interval,
-           zcfg.select_interval, zcfg.warmup, zcfg.overlap ? "on" : "off", zf_transport_names[zcfg.transport]);
+           "accumulation on the %s, transfers %s\n", zf_mode_names[zcfg.mode], zcfg.topk, zcfg.update_interval,
+           zcfg.select_interval, zcfg.warmup, zcfg.overlap ? "on" : "off", zf_transport_names[zcfg.transport],
+           zf.pipeline ? "per layer" : "whole");
     printf("[optimizer] matrix elements M = %zu: the CPU owns %zu after the first selection, the GPU %zu\n",
            zf.matrix_elems, zf.cpu_capacity, zf.gpu_capacity);
     gpt2_allocate(&model, B, T);
@@ -654,7 +662,7 @@ int main(int argc, char* argv[]) {
                     bad ? bad : "");
         }
         span = gpu_trace_begin(0);
-        zf_zero_grads(&zf);  // all of it, or with -za gpu inside a window only the GPU's part
+        zf_before_backward(&zf, step);  // zero the gradients (with -za gpu inside a window only the GPU's part)
         gpt2_backward(&model);
         gpu_trace_end(span, 0, TRACE_COMPUTE, "backward");
         zf_step(&zf, step, hyper);

@@ -36,27 +36,33 @@ Streams and events (all copies are between pinned host buffers and device stagin
 A staging buffer (ZfStaging) remembers the last kernel that used it and the last copy out
 of and into it (events); a user waits for exactly what it conflicts with. A host buffer
 remembers its last copy (ZfFence), and zenflow.h calls host_wait before the CPU touches it.
-One window with overlap, CPU accumulation (U = 4; w-1's update is applied at boundary w):
+One window with overlap, CPU accumulation (U = 4; w-1's update is applied at boundary w),
+with the trainer's per-layer hooks (zenflow.h's pipelining): each layer's gradient columns are
+gathered and leave as soon as its backward is done (g: the layers', e: the embeddings' last):
 
-  default: |fwd bwd adam gather|fwd bwd adam gather|fwd bwd adam gather|fwd bwd adam gather scatter|
-  d2h:                          |copy g_t|          |copy g_t|          |copy g_t|           |copy g_t|
-  updater:                          |A += g|           |A += g|            |A += g| |AdamW window w ...
-  h2d:                       (the result of window w-1, copied as soon as it was ready) ^ waited here
+  default: |fwd bwd(g g g) e adam|fwd bwd(g g g) e adam|  ...  |fwd bwd(g g g) e adam scatter|
+  d2h:              |g |g |g |e|           |g |g |g |e|            |g |g |g |e|
+  updater:                      |A += g|               |A += g|           |AdamW window w ...
+  h2d:      (the result of window w-1, copied as soon as it was ready)           ^ waited here
 
-GPU accumulation has no per-step copy: at the boundary one gather of A, one copy down, and
-the update's result comes back the same way (so it needs one staging buffer, not two).
+Without the hooks (-zp 0) one gather after the backward and one copy do the same. GPU
+accumulation has no per-step copy: at the boundary's backward A leaves the same way, layer by
+layer, and the update's result comes back once. With overlap off (offload, warm-up) the CPU's
+result is not ready before the boundary, so its copy up is pipelined too: zenflow.h applies
+it layer by layer in the next forward, and each scatter waits only for its own layer's copy:
+
+  h2d:      |e |0 |1 |2 | ...        (all copies start at once, in forward order)
+  default:   |e fwd-enc|0 fwd-layer 0|1 fwd-layer 1| ...
 
 Stall (spec 8) is measured on the default stream: each wait of that stream for a copy, and
 each time the main thread blocks on the CPU side (zenflow.h's host_blocks), is bracketed by
 two timing events; their elapsed time is how long the GPU had nothing to do. Compute =
 the step's elapsed time on the default stream minus the stall.
 
-Per-layer pipelining of the transfers (spec 7's "a layer's gradients leave as soon as its
-backward is done") is not done: the copies run on their own streams and overlap the NEXT
-step's compute instead, so the only cost on the default stream is the gather (and, once a
-window, the scatter), which runs at device-memory speed. The price is GPU memory: the
-staging buffers hold all CPU-owned columns ((1-k) M floats each). Pipelining per layer would
-shrink them to a few layers' worth; it needs hooks inside the backward pass.
+Memory: each staging buffer holds all CPU-owned columns ((1-k) M floats); two with overlap
+(a window's result waits in one while gradients leave through the other). A ring of a few
+layers' slots would be enough for the gradients' way out; the way in cannot shrink as simply,
+because the prefetched result must wait whole until the boundary.
 
 Build with -fmad=false (the Makefile does): the AdamW here is bitwise the CPU's.
 */
@@ -290,13 +296,15 @@ __global__ void zf_zero_columns_kernel(float* __restrict__ grads,  // (num_param
 // layout: a transpose by 32 x 32 tiles through shared memory, so that both the reads of W
 // (by rows) and the writes of the packed buffer (by columns) are 32 consecutive floats per
 // warp where the layouts allow it. Block (32, 8), one tile per block.
+// The grid may cover only some of the sets (per-layer pipelining): block b does tile
+// first_tile + b of the flat numbering.
 __global__ void zf_gather_columns_kernel(float* __restrict__ packed,      // (cpu_elems) column by column
                                          const float* __restrict__ full,  // (num_parameters)
                                          const ZfColumnSet* __restrict__ sets,  // (num_sets) CPU-owned
                                          const long long* __restrict__ tile_start,  // (num_sets + 1)
-                                         int num_sets, const int* __restrict__ order) {
+                                         int num_sets, const int* __restrict__ order, long long first_tile) {
     __shared__ float tile[ZF_TILE][ZF_TILE + 1];  // +1: the column reads hit 32 different banks
-    ZfTileRef t = zf_tile_of_block(sets, tile_start, num_sets, blockIdx.x);
+    ZfTileRef t = zf_tile_of_block(sets, tile_start, num_sets, first_tile + blockIdx.x);
     zf_gather_load(t, order, full, threadIdx.x, threadIdx.y, tile);
     __syncthreads();
     zf_gather_store(t, packed, threadIdx.x, threadIdx.y, tile);
@@ -307,9 +315,9 @@ __global__ void zf_scatter_columns_kernel(float* __restrict__ full,          // 
                                           const float* __restrict__ packed,  // (cpu_elems)
                                           const ZfColumnSet* __restrict__ sets,
                                           const long long* __restrict__ tile_start, int num_sets,
-                                          const int* __restrict__ order) {
+                                          const int* __restrict__ order, long long first_tile) {
     __shared__ float tile[ZF_TILE][ZF_TILE + 1];
-    ZfTileRef t = zf_tile_of_block(sets, tile_start, num_sets, blockIdx.x);
+    ZfTileRef t = zf_tile_of_block(sets, tile_start, num_sets, first_tile + blockIdx.x);
     zf_scatter_load(t, packed, threadIdx.x, threadIdx.y, tile);
     __syncthreads();
     zf_scatter_store(t, order, full, threadIdx.x, threadIdx.y, tile);
@@ -319,7 +327,8 @@ __global__ void zf_scatter_columns_kernel(float* __restrict__ full,          // 
 // the backend's state
 
 #define ZF_MAX_FENCES 8   // host buffers that copies use: master, acc, acc_job, 2 staging
-#define ZF_MAX_STALLS 64  // stall intervals measured per step (more are waited for, not timed)
+#define ZF_MAX_STALLS 256  // stall intervals measured per step (more are waited for, not timed);
+                           // per-layer applies wait once per layer
 
 // a device staging buffer of packed CPU-owned columns, and who used it last
 typedef struct {
@@ -402,54 +411,99 @@ static void zf_cuda_compute_waits(ZfCudaDevice* dev, cudaEvent_t event) {
     if (timed) { cudaCheck(cudaEventRecord(dev->stall_end[dev->num_stalls++], 0)); }
 }
 
-static void zf_cuda_gather(ZfCudaDevice* dev, float* packed, const float* full, long long tiles) {
+// A transfer moves the CPU-owned columns of some matrices (zenflow.h's transfer group; -1:
+// all): as RUNS of consecutive matrices [i0, i1), each one gather or scatter launch and one
+// copy, since a run's packed columns are one range. Group -1 is one run; a layer's four
+// matrices (qkvw.l, attprojw.l, fcw.l, fcprojw.l) are four, the embeddings (wte, wpe) one.
+// Walks the runs of mats[0 .. count): returns 0 when done.
+static int zf_next_run(const int* mats, int count, int* k, int* i0, int* i1) {
+    if (*k >= count) { return 0; }
+    *i0 = mats[(*k)++];
+    *i1 = *i0 + 1;
+    while (*k < count && mats[*k] == *i1) { (*k)++, (*i1)++; }
+    return 1;
+}
+
+// where the run's columns are in the packed buffers: [*offset, *offset + *n) floats
+static void zf_run_range(const ZfCudaDevice* dev, const ZenFlow* zf, int i0, int i1, size_t* offset, size_t* n) {
+    size_t end = i1 < dev->num_sets ? dev->h_cpu_sets[i1].packed_offset : zf->cpu_elems;
+    *offset = dev->h_cpu_sets[i0].packed_offset;
+    *n = end - *offset;
+}
+
+// the CPU-owned columns of matrices [i0, i1) of `full` into the packed buffer, and back
+static void zf_cuda_gather(ZfCudaDevice* dev, float* packed, const float* full, int i0, int i1) {
+    long long first = dev->h_cpu_tiles[i0], tiles = dev->h_cpu_tiles[i1] - first;
     if (tiles == 0) { return; }
     zf_gather_columns_kernel<<<(unsigned)tiles, dim3(ZF_TILE, ZF_TILE_ROWS)>>>(packed, full, dev->cpu_sets, dev->cpu_tiles,
-                                                                    dev->num_sets, dev->order);
+                                                                    dev->num_sets, dev->order, first);
     cudaCheck(cudaGetLastError());
 }
 
-static void zf_cuda_scatter(ZfCudaDevice* dev, float* full, const float* packed, long long tiles) {
+static void zf_cuda_scatter(ZfCudaDevice* dev, float* full, const float* packed, int i0, int i1) {
+    long long first = dev->h_cpu_tiles[i0], tiles = dev->h_cpu_tiles[i1] - first;
     if (tiles == 0) { return; }
     zf_scatter_columns_kernel<<<(unsigned)tiles, dim3(ZF_TILE, ZF_TILE_ROWS)>>>(full, packed, dev->cpu_sets, dev->cpu_tiles,
-                                                                     dev->num_sets, dev->order);
+                                                                     dev->num_sets, dev->order, first);
     cudaCheck(cudaGetLastError());
 }
 
-// The CPU-owned columns of `full` (params or grads) to `host`: gather into the staging
-// buffer on the default stream, copy out on the d2h stream. Asynchronous unless `sync`.
+// The CPU-owned columns of transfer group `group` (-1: all) of `full` (params or grads) to
+// `host`: gather into the staging buffer on the default stream, copy out on the d2h stream.
+// Asynchronous unless `sync`. The events of the staging buffer and of `host` then stand for
+// this copy, and so for every earlier one on its stream.
 static void zf_cuda_columns_to_host(ZfCudaDevice* dev, const ZenFlow* zf, ZfStaging* st, const float* full,
-                                    float* host, int sync) {
-    size_t bytes = zf->cpu_elems * sizeof(float);
-    if (bytes == 0) { return; }
-    // the staging buffer is free once its last copy out and its last copy in are done
-    zf_cuda_compute_waits(dev, st->d2h_done);
-    zf_cuda_compute_waits(dev, st->h2d_done);
+                                    float* host, int sync, int group) {
+    if (zf->cpu_elems == 0) { return; }
+    // the staging buffer is free once its last copy out and its last copy in are done. A
+    // transfer in groups waits before its first group only: the later groups write other
+    // parts of the buffer, and waiting for this step's own copies would serialize them.
+    if (group < 0 || group == zf->num_groups - 1) {
+        zf_cuda_compute_waits(dev, st->d2h_done);
+        zf_cuda_compute_waits(dev, st->h2d_done);
+    }
     if (st == dev->params_stage) { dev->prefetched = 0; }  // about to overwrite a prefetch
+    int count, k = 0, i0, i1;
+    const int* mats = zf_group(zf, group, &count);
     int span = gpu_trace_begin(0);
-    zf_cuda_gather(dev, st->buf, full, dev->h_cpu_tiles[dev->num_sets]);
+    while (zf_next_run(mats, count, &k, &i0, &i1)) { zf_cuda_gather(dev, st->buf, full, i0, i1); }
     gpu_trace_end(span, 0, TRACE_COMPUTE, "gather columns");
     cudaCheck(cudaEventRecord(st->kernel_done, 0));
     cudaCheck(cudaStreamWaitEvent(dev->d2h, st->kernel_done, 0));
     span = gpu_trace_begin(dev->d2h);
-    cudaCheck(cudaMemcpyAsync(host, st->buf, bytes, cudaMemcpyDeviceToHost, dev->d2h));
+    for (k = 0; zf_next_run(mats, count, &k, &i0, &i1);) {
+        size_t at, n;
+        zf_run_range(dev, zf, i0, i1, &at, &n);
+        if (n == 0) { continue; }
+        cudaCheck(cudaMemcpyAsync(host + at, st->buf + at, n * sizeof(float), cudaMemcpyDeviceToHost, dev->d2h));
+        dev->d2h_bytes += (double)n * sizeof(float);
+    }
     gpu_trace_end(span, dev->d2h, TRACE_D2H, full == dev->grads ? "gradient columns" : "parameter columns");
     cudaCheck(cudaEventRecord(st->d2h_done, dev->d2h));
     ZfFence* fence = zf_cuda_fence(dev, host);
     if (fence != NULL) { cudaCheck(cudaEventRecord(fence->done, dev->d2h)); }
-    dev->d2h_bytes += (double)bytes;
     if (sync) { cudaCheck(cudaEventSynchronize(st->d2h_done)); }
 }
 
-// Packed CPU-owned columns from `host` into the staging buffer, on the h2d stream, after
+// Packed CPU-owned columns of transfer group `group` (-1: all) from `host` into the staging
+// buffer, on the h2d stream. A new upload (all, or a transfer's first group, 0) goes after
 // whatever used the buffer before. Safe to call from the updater thread (params_prefetch).
-static void zf_cuda_upload(ZfCudaDevice* dev, const ZenFlow* zf, ZfStaging* st, const float* host) {
-    size_t bytes = zf->cpu_elems * sizeof(float);
-    if (bytes == 0) { return; }
-    cudaCheck(cudaStreamWaitEvent(dev->h2d, st->kernel_done, 0));
-    cudaCheck(cudaStreamWaitEvent(dev->h2d, st->d2h_done, 0));
+static void zf_cuda_upload(ZfCudaDevice* dev, const ZenFlow* zf, ZfStaging* st, const float* host, int group) {
+    if (zf->cpu_elems == 0) { return; }
+    if (group <= 0) {
+        cudaCheck(cudaStreamWaitEvent(dev->h2d, st->kernel_done, 0));
+        cudaCheck(cudaStreamWaitEvent(dev->h2d, st->d2h_done, 0));
+    }
+    int count, k = 0, i0, i1;
+    const int* mats = zf_group(zf, group, &count);
     int span = gpu_trace_begin(dev->h2d);
-    cudaCheck(cudaMemcpyAsync(st->buf, host, bytes, cudaMemcpyHostToDevice, dev->h2d));
+    while (zf_next_run(mats, count, &k, &i0, &i1)) {
+        size_t at, n;
+        zf_run_range(dev, zf, i0, i1, &at, &n);
+        if (n > 0) {
+            cudaCheck(cudaMemcpyAsync(st->buf + at, host + at, n * sizeof(float), cudaMemcpyHostToDevice, dev->h2d));
+        }
+    }
     gpu_trace_end(span, dev->h2d, TRACE_H2D, "packed columns");
     cudaCheck(cudaEventRecord(st->h2d_done, dev->h2d));
     ZfFence* fence = zf_cuda_fence(dev, host);
@@ -459,7 +513,7 @@ static void zf_cuda_upload(ZfCudaDevice* dev, const ZenFlow* zf, ZfStaging* st, 
 // ----------------------------------------------------------------------------
 // the primitives (ZfBackend), in step order
 
-// before the backward pass (zf_zero_grads, spec 7)
+// before the backward pass (zf_before_backward, spec 7)
 static void zf_cuda_zero_grads(void* ctx, const ZenFlow* zf, int all) {
     ZfCudaDevice* dev = (ZfCudaDevice*)ctx;
     if (all) {
@@ -533,32 +587,41 @@ static void zf_cuda_gpu_adam(void* ctx, const ZenFlow* zf, ZfAdamHyper h, int st
 }
 
 // 4.4 (CPU accumulation: g_t, every step) and 4.6 (GPU accumulation: A, at the boundary):
-// the CPU-owned gradient columns to the host, asynchronously
-static void zf_cuda_grads_to_host(void* ctx, const ZenFlow* zf, float* host) {
+// the CPU-owned gradient columns to the host, asynchronously; all, or one layer's
+static void zf_cuda_grads_to_host(void* ctx, const ZenFlow* zf, float* host, int group) {
     ZfCudaDevice* dev = (ZfCudaDevice*)ctx;
-    zf_cuda_columns_to_host(dev, zf, dev->grads_stage, dev->grads, host, 0);
+    zf_cuda_columns_to_host(dev, zf, dev->grads_stage, dev->grads, host, 0, group);
 }
 
 // 4.6, on the updater thread right after a window update: its result starts for the device
 static void zf_cuda_params_prefetch(void* ctx, const ZenFlow* zf, const float* host) {
     ZfCudaDevice* dev = (ZfCudaDevice*)ctx;
     cudaCheck(cudaSetDevice(0));  // this thread's current device (the trainer uses device 0)
-    zf_cuda_upload(dev, zf, dev->params_stage, host);
+    zf_cuda_upload(dev, zf, dev->params_stage, host, -1);
     dev->prefetched = 1;  // read by the main thread only after it has waited for this job
 }
 
-// 4.6 apply: the CPU's columns into the working copy, before the next forward pass
-static void zf_cuda_params_from_host(void* ctx, const ZenFlow* zf, const float* host) {
+// 4.6 apply: the CPU's columns into the working copy, before the next forward pass; all,
+// or (pipelining, a synchronous apply) one layer's just before that layer's forward: the
+// default stream waits only for this group's copy, the later ones are still on their way
+static void zf_cuda_params_from_host(void* ctx, const ZenFlow* zf, const float* host, int group) {
     ZfCudaDevice* dev = (ZfCudaDevice*)ctx;
     if (zf->cpu_elems == 0) { return; }
-    if (!dev->prefetched) { zf_cuda_upload(dev, zf, dev->params_stage, host); }
-    dev->prefetched = 0;
-    zf_cuda_compute_waits(dev, dev->params_stage->h2d_done);
+    ZfStaging* st = dev->params_stage;
+    if (!dev->prefetched) { zf_cuda_upload(dev, zf, st, host, group); }
+    if (group < 0 || group == zf->num_groups - 1) { dev->prefetched = 0; }  // the transfer's last part
+    zf_cuda_compute_waits(dev, st->h2d_done);
+    int count, k = 0, i0, i1;
+    const int* mats = zf_group(zf, group, &count);
     int span = gpu_trace_begin(0);
-    zf_cuda_scatter(dev, dev->params, dev->params_stage->buf, dev->h_cpu_tiles[dev->num_sets]);
+    while (zf_next_run(mats, count, &k, &i0, &i1)) {
+        zf_cuda_scatter(dev, dev->params, st->buf, i0, i1);
+        size_t at, n;
+        zf_run_range(dev, zf, i0, i1, &at, &n);
+        dev->h2d_bytes += (double)n * sizeof(float);
+    }
     gpu_trace_end(span, 0, TRACE_COMPUTE, "scatter columns (apply)");
-    cudaCheck(cudaEventRecord(dev->params_stage->kernel_done, 0));
-    dev->h2d_bytes += (double)zf->cpu_elems * sizeof(float);
+    cudaCheck(cudaEventRecord(st->kernel_done, 0));
 }
 
 // zenflow.h's jobs call this before they touch a host buffer a copy may still be using
@@ -588,7 +651,7 @@ static void zf_cuda_host_blocks(void* ctx, int begin) {
 // selection and warm-up: the CPU-owned parameter columns to the host master (synchronous)
 static void zf_cuda_params_to_host(void* ctx, const ZenFlow* zf, float* host) {
     ZfCudaDevice* dev = (ZfCudaDevice*)ctx;
-    zf_cuda_columns_to_host(dev, zf, dev->params_stage, dev->params, host, 1);
+    zf_cuda_columns_to_host(dev, zf, dev->params_stage, dev->params, host, 1, -1);
 }
 
 // resuming with GPU accumulation: the open window's A back into the gradient buffer
@@ -597,9 +660,9 @@ static void zf_cuda_grads_from_host(void* ctx, const ZenFlow* zf, const float* h
     if (zf->cpu_elems == 0) { return; }
     ZfStaging* st = dev->grads_stage;
     if (st == dev->params_stage) { dev->prefetched = 0; }
-    zf_cuda_upload(dev, zf, st, host);
+    zf_cuda_upload(dev, zf, st, host, -1);
     cudaCheck(cudaStreamWaitEvent(0, st->h2d_done, 0));
-    zf_cuda_scatter(dev, dev->grads, st->buf, dev->h_cpu_tiles[dev->num_sets]);
+    zf_cuda_scatter(dev, dev->grads, st->buf, 0, dev->num_sets);
     cudaCheck(cudaEventRecord(st->kernel_done, 0));
     cudaCheck(cudaDeviceSynchronize());
     dev->h2d_bytes += (double)zf->cpu_elems * sizeof(float);
@@ -761,10 +824,13 @@ static void zenflow_cuda_init(ZenFlow* zf, ZfCudaDevice* dev, float* params, flo
     dev->score_partial = cuda_malloc((size_t)COLSUM_MAX_CHUNKS * dev->max_cols * sizeof(float),
                                      "ZenFlow column scores");
 
-    // transfers: two staging buffers only where both directions are busy at once
+    // transfers: two staging buffers where both directions are busy at once: with overlap, a
+    // window's result waits in one (prefetched) while gradients leave through the other
+    // (every step with CPU accumulation; at the boundary's backward with GPU accumulation
+    // and per-layer pipelining)
     cudaCheck(cudaStreamCreateWithFlags(&dev->d2h, cudaStreamNonBlocking));
     cudaCheck(cudaStreamCreateWithFlags(&dev->h2d, cudaStreamNonBlocking));
-    int two = c->transport == ZF_ACC_CPU && c->overlap;
+    int two = c->overlap;
     zf_cuda_staging_init(&dev->staging[0], zf->cpu_capacity);
     zf_cuda_staging_init(&dev->staging[1], two ? zf->cpu_capacity : 0);
     dev->grads_stage = &dev->staging[0];

@@ -31,8 +31,23 @@ Transport (spec 7), where the window's gradient sum A of the CPU-owned columns i
         buffer and the updater adds them into A (two staging buffers take turns, so the
         copy of step t+1 never overwrites what the job of step t still reads);
   gpu:  the gradient buffer itself keeps adding up the CPU-owned columns over the window
-        (zf_zero_grads zeroes only the GPU-owned parts inside a window), and A is copied
+        (zf_before_backward zeroes only the GPU-owned parts inside a window), and A is copied
         to the host once, at the boundary.
+
+Per-layer pipelining (spec 7: "a layer's gradients are final as soon as its backward is done,
+and its parameters are free from then until its forward in the next step"). A trainer that
+sets zf->pipeline calls two hooks, and the transfers then move one TRANSFER GROUP at a time:
+group 0 = the embeddings (wte, wpe), group 1 + l = layer l's four matrices.
+  zf_backward_layer_done(zf, l)  after layer l's backward: its CPU-owned gradient columns
+        leave now (groups L .. 1), while the backward of the layers below still runs; the
+        embeddings (whose gradient is final only after the encoder's backward) leave in
+        zf_step. Steps where they may: the ownership is already known (no selection at this
+        step) and the host buffer they go to is free without waiting (else all leave in zf_step).
+  zf_forward_layer(zf, l)  before layer l's forward (l = -1: before the encoder): a
+        synchronous apply (overlap off: offload, warm-up) is done group by group here, so the
+        copy of layer l + 1 runs while layer l computes. (With overlap the CPU's result is on
+        its way long before the boundary, params_prefetch, and is put in place at once.)
+Same numbers either way, bit for bit: only the moment a copy starts changes.
 
 Threads (spec 5). With overlap on, everything the CPU does runs on the updater thread, in
 submission order: the per-step accumulations and the window updates. A job reads only
@@ -92,6 +107,7 @@ typedef struct {
     char name[32];        // e.g. "qkvw.3"
     size_t offset;        // of W[0, 0] in the parameter buffer
     int rows, cols;       // OC, IC
+    int layer;            // its transformer layer, -1 for wte and wpe (transfer group 1 + layer)
     int n_sel;            // columns the GPU owns now (0 during warm-up)
     int* cols_by_owner;   // (cols): the n_sel selected columns ascending, then the rest ascending
     size_t cpu_offset;    // where its CPU-owned columns start in the packed host buffers
@@ -106,6 +122,9 @@ typedef struct {
 struct ZenFlow;
 
 // What a device must provide. Packed layouts are the ones in the comment at the top.
+// `group` (grads_to_host, params_from_host): -1 moves every CPU-owned column at once; g >= 0
+// only transfer group g's (per-layer pipelining, see the top). zenflow.h sends one transfer's
+// groups in a fixed order: to the host num_groups - 1 down to 0, to the device 0 up.
 // Every call is complete (host buffers may be reused) when it returns, except where it says
 // "asynchronous": then the host buffer may only be read (after grads_to_host) or written
 // (after params_prefetch / params_from_host) once host_wait on it has returned.
@@ -116,14 +135,14 @@ typedef struct {
     void (*column_scores)(void* ctx, const ZfMatrix* mat, float* scores);
     // ownership changed: re-read zf->matrices (cols_by_owner, n_sel, offsets)
     void (*selection_changed)(void* ctx, const struct ZenFlow* zf);
-    // before a backward pass (zf_zero_grads): zero the whole gradient buffer (all = 1), or
+    // before a backward pass (zf_before_backward): zero the whole gradient buffer (all = 1), or
     // only its GPU-owned parts, the vectors and the selected columns (all = 0, spec 7)
     void (*zero_grads)(void* ctx, const struct ZenFlow* zf, int all);
     // AdamW (spec 3.1) on every GPU-owned element with the current gradient (spec 4.3):
     // the vectors with weight decay 0, the selected columns with h.weight_decay
     void (*gpu_adam)(void* ctx, const struct ZenFlow* zf, ZfAdamHyper h, int step);
     // the CPU-owned columns of the gradient, packed, to the host (asynchronous)
-    void (*grads_to_host)(void* ctx, const struct ZenFlow* zf, float* host);
+    void (*grads_to_host)(void* ctx, const struct ZenFlow* zf, float* host, int group);
     // packed CPU-owned gradient columns from the host into the gradient buffer (resuming a
     // checkpoint with GPU accumulation: the open window's A goes back where it lives)
     void (*grads_from_host)(void* ctx, const struct ZenFlow* zf, const float* host);
@@ -135,7 +154,7 @@ typedef struct {
     void (*params_prefetch)(void* ctx, const struct ZenFlow* zf, const float* host);
     // packed CPU-owned parameter columns from the host into the working copy ("apply";
     // asynchronous; the forward pass that follows sees them)
-    void (*params_from_host)(void* ctx, const struct ZenFlow* zf, const float* host);
+    void (*params_from_host)(void* ctx, const struct ZenFlow* zf, const float* host, int group);
     // all of the GPU's moments (its packed m, v: vectors, then selected columns), and back
     void (*moments_to_host)(void* ctx, const struct ZenFlow* zf, float* m, float* v);
     void (*moments_from_host)(void* ctx, const struct ZenFlow* zf, const float* m, const float* v);
@@ -158,6 +177,7 @@ typedef struct {
     int count;         // n
     int step;          // s = t + 1 of the boundary step
     ZfAdamHyper hyper;
+    int prefetch;      // 1 (in the background): start the result's copy to the device when done
     double ms;         // out: how long the update took (without waiting for copies)
 } ZfWindowJob;
 
@@ -182,6 +202,18 @@ typedef struct ZenFlow {
     size_t cpu_elems;      // matrix elements the CPU owns now
     size_t gpu_sel_elems;  // matrix elements the GPU owns now
     size_t cpu_capacity, gpu_capacity;  // sizes of the buffers below
+    // per-layer pipelining (see the top); the trainer sets `pipeline` if it calls the hooks
+    int pipeline;
+    int num_groups;       // 1 + L: the embeddings, then one per layer
+    int* group_mats;      // (num_matrices) group g's matrices: group_mats[group_start[g] ..]
+    int* group_start;     // (num_groups + 1)
+    int* all_mats;        // (num_matrices) 0, 1, 2, ...: "group -1"
+    float* early_dest;    // this step's gradient columns leave per layer into this host
+                          // buffer (NULL: all at once in zf_step)
+    int early_stage;      // ... from staging buffer grad_stage[early_stage] (CPU transport)
+    int next_early_group; // the next group to leave (num_groups - 1 down to 0)
+    const float* apply_src;  // a synchronous apply waits to be done layer by layer (NULL: none)
+    int next_apply_group;    // ... from this group on
     // CPU side (spec 3), packed: master values, moments, window accumulator
     float* master;        // (cpu_capacity)
     float* m;             // (cpu_capacity)
@@ -206,6 +238,7 @@ typedef struct ZenFlow {
     // reporting
     int moved_columns;        // columns that changed owner at the last selection
     int num_selections;
+    long groups_out, groups_in;  // transfer groups moved layer by layer so far (pipelining)
     double cpu_update_ms;     // duration of the last finished window update
     long long cpu_work_us;    // all CPU optimizer work so far (accumulations + updates), both
                               // threads add to it (atomically): read with zf_cpu_work_ms
@@ -255,6 +288,7 @@ static inline void zf_init(ZenFlow* zf, ZfConfig cfg, const GPT2Config* model, Z
                 mat.offset = offset + l * s.rows * s.cols;
                 mat.rows = (int)s.rows;
                 mat.cols = (int)s.cols;
+                mat.layer = s.count == 1 ? -1 : (int)l;
                 mat.cols_by_owner = (int*)malloc_check(s.cols * sizeof(int));
                 for (int j = 0; j < mat.cols; j++) { mat.cols_by_owner[j] = j; }
                 mats.push_back(mat);
@@ -271,6 +305,21 @@ static inline void zf_init(ZenFlow* zf, ZfConfig cfg, const GPT2Config* model, Z
     zf->num_matrices = (int)mats.size();
     zf->matrices = (ZfMatrix*)malloc_check(mats.size() * sizeof(ZfMatrix));
     memcpy(zf->matrices, mats.data(), mats.size() * sizeof(ZfMatrix));
+
+    // transfer groups: the embeddings, then each layer's matrices (in matrix order)
+    zf->num_groups = 1 + model->num_layers;
+    zf->group_mats = (int*)malloc_check(mats.size() * sizeof(int));
+    zf->group_start = (int*)calloc_check(zf->num_groups + 1, sizeof(int));
+    zf->all_mats = (int*)malloc_check(mats.size() * sizeof(int));
+    int at = 0;
+    for (int g = 0; g < zf->num_groups; g++) {
+        zf->group_start[g] = at;
+        for (int i = 0; i < zf->num_matrices; i++) {
+            if (zf->matrices[i].layer + 1 == g) { zf->group_mats[at++] = i; }
+        }
+    }
+    zf->group_start[zf->num_groups] = at;
+    for (int i = 0; i < zf->num_matrices; i++) { zf->all_mats[i] = i; }
 
     // buffer sizes: the most either side can ever own (during warm-up the CPU owns all)
     int cpu_owns_all = cfg.warmup > 0;
@@ -324,6 +373,16 @@ static inline void zf_host_wait(ZenFlow* zf, const float* host) {
 
 static inline void zf_host_blocks(ZenFlow* zf, int begin) {
     if (zf->backend.host_blocks != NULL) { zf->backend.host_blocks(zf->backend.ctx, begin); }
+}
+
+// the matrices of transfer group g (g = -1: all of them): *count indices into zf->matrices
+static inline const int* zf_group(const ZenFlow* zf, int g, int* count) {
+    if (g < 0) {
+        *count = zf->num_matrices;
+        return zf->all_mats;
+    }
+    *count = zf->group_start[g + 1] - zf->group_start[g];
+    return zf->group_mats + zf->group_start[g];
 }
 
 // Warm-up ownership (spec 4.1): the CPU owns every matrix element until the first selection.
@@ -391,7 +450,8 @@ static int zf_window_update(void* arg) {
     zf_add_cpu_work(zf, t0, t1);
     trace_event(TRACE_CPU_UPDATE, "window update", t0, t1);
     // the result may start its way to the device now; it is applied at the next boundary
-    if (zf->backend.params_prefetch != NULL) {
+    // (a synchronous update is applied at once, and with pipelining layer by layer)
+    if (job->prefetch && zf->backend.params_prefetch != NULL) {
         zf->backend.params_prefetch(zf->backend.ctx, zf, zf->master);
     }
     return 0;
@@ -457,13 +517,34 @@ static inline void zf_wait_and_apply(ZenFlow* zf) {
     if (!zf->pending) { return; }
     zf_wait_window(zf);
     double t0 = zf_now_ms();
-    zf->backend.params_from_host(zf->backend.ctx, zf, zf->master);
+    zf->backend.params_from_host(zf->backend.ctx, zf, zf->master, -1);
     zf_trace_device(zf, TRACE_H2D, "apply", t0);
     zf->pending = 0;
 }
 
+// Per-layer pipelining: layer l's forward comes next (l = -1: the encoder's, which reads
+// wte and wpe). A synchronous apply still under way puts the groups up to that layer in
+// place first. The trainer calls this before every layer's forward pass.
+static inline void zf_forward_layer(ZenFlow* zf, int l) {
+    if (zf->apply_src == NULL) { return; }
+    for (; zf->next_apply_group <= 1 + l && zf->next_apply_group < zf->num_groups; zf->next_apply_group++) {
+        double t0 = zf_now_ms();
+        zf->backend.params_from_host(zf->backend.ctx, zf, zf->apply_src, zf->next_apply_group);
+        zf_trace_device(zf, TRACE_H2D, "apply (layer)", t0);
+        zf->groups_in++;
+    }
+    if (zf->next_apply_group == zf->num_groups) { zf->apply_src = NULL; }
+}
+
+// finishes an apply still under way: before anything reads the working copy outside a
+// forward pass (a checkpoint of the model, the end of training)
+static inline void zf_apply_pending(ZenFlow* zf) { zf_forward_layer(zf, zf->num_groups); }
+
 // spec 4.7: before the end of training, a checkpoint, or an evaluation of final weights
-static inline void zf_drain(ZenFlow* zf) { zf_wait_and_apply(zf); }
+static inline void zf_drain(ZenFlow* zf) {
+    zf_apply_pending(zf);
+    zf_wait_and_apply(zf);
+}
 
 // ----------------------------------------------------------------------------
 // selection (spec 4.2)
@@ -573,16 +654,19 @@ static inline void zf_select(ZenFlow* zf, int t) {
 }
 
 // ----------------------------------------------------------------------------
-// one training step (spec 4). The trainer calls zf_zero_grads before the backward pass of
-// step t (0-based), then zf_step once the backward has produced g_t; `hyper.lr` is lr(t).
-// Before the forward of step t+1 the working copy holds everything this step must show it.
+// one training step (spec 4). The trainer calls zf_before_backward before the backward pass
+// of step t (0-based), then zf_step once the backward has produced g_t; `hyper.lr` is lr(t).
+// Before the forward of step t+1 the working copy holds everything this step must show it
+// (with pipelining: once zf_forward_layer has been called for each layer).
 
-// spec 7: the gradient buffer before a backward pass (which ADDS into it). It must hold only
-// g_t, except, with GPU accumulation, the CPU-owned columns inside an open window: they keep
-// A, the sum of the window's gradients so far, and the backward adds g_t to it.
-static inline void zf_zero_grads(ZenFlow* zf) {
-    int all = zf->cfg.transport == ZF_ACC_CPU || zf->window_count == 0;
-    zf->backend.zero_grads(zf->backend.ctx, zf, all);
+// 4.2: does zf_step(t) select? At t == W, then at a window start once S steps have passed.
+// Known before the step's backward (pipelining needs to know whether the ownership changes).
+static inline int zf_selects_at(const ZenFlow* zf, int t) {
+    const ZfConfig* cfg = &zf->cfg;
+    if (t < cfg->warmup) { return 0; }
+    int first = zf->last_select_step < 0;
+    int due = cfg->select_interval > 0 && zf->window_count == 0 && t - zf->last_select_step >= cfg->select_interval;
+    return first || due;
 }
 
 // CPU transport: the staging buffer for this step's gradient. With the updater working in
@@ -595,6 +679,73 @@ static inline int zf_take_stage(ZenFlow* zf, int background) {
     return i;
 }
 
+// Before the backward pass of step t.
+// spec 7: the gradient buffer before a backward pass (which ADDS into it) must hold only
+// g_t, except, with GPU accumulation, the CPU-owned columns inside an open window: they keep
+// A, the sum of the window's gradients so far, and the backward adds g_t to it.
+// Pipelining: decides whether this step's gradient columns leave layer by layer.
+static inline void zf_before_backward(ZenFlow* zf, int t) {
+    const ZfConfig* cfg = &zf->cfg;
+    zf_apply_pending(zf);  // every forward hook has run (a trainer without them: nothing pends)
+    int all = cfg->transport == ZF_ACC_CPU || zf->window_count == 0;
+    zf->backend.zero_grads(zf->backend.ctx, zf, all);
+    zf->early_dest = NULL;
+    // (at t = 0 the warm-up's start or the first selection lays out the ownership in zf_step)
+    if (!zf->pipeline || t == 0 || zf_selects_at(zf, t) || zf->cpu_elems == 0) { return; }
+    const int warmup = t < cfg->warmup;
+    if (cfg->transport == ZF_ACC_CPU) {
+        // g_t leaves every step, into the staging buffer zf_step would take, if it is free
+        // now (never wait here: that would keep the backward from being launched)
+        const int background = cfg->overlap && !warmup;
+        int i = background ? zf->stage_next : 0;
+        if (zf->updater != NULL && !zf_updater_finished(zf->updater, zf->stage_ticket[i])) { return; }
+        zf->early_stage = zf_take_stage(zf, background);  // does not block: its job is done
+        zf->early_dest = zf->grad_stage[zf->early_stage];
+    } else {
+        // A leaves at the window's last step, into zf->acc: no job reads it any more (the
+        // window job that read it last, as acc_job, was waited for at the previous boundary)
+        const int U = warmup ? 1 : cfg->update_interval;
+        if (zf->window_count + 1 < U) { return; }
+        zf->early_dest = zf->acc;
+    }
+    zf->next_early_group = zf->num_groups - 1;
+}
+
+// the groups of one transfer to the host, num_groups - 1 down to `last`
+static inline void zf_grads_leave(ZenFlow* zf, float* host, int last) {
+    for (; zf->next_early_group >= last; zf->next_early_group--) {
+        double t0 = zf_now_ms();
+        zf->backend.grads_to_host(zf->backend.ctx, zf, host, zf->next_early_group);
+        zf_trace_device(zf, TRACE_D2H, "gradients (layer)", t0);
+        zf->groups_out++;
+    }
+}
+
+// Per-layer pipelining: layer l's backward is done, so its gradient is final (spec 7). The
+// trainer calls this after each layer's backward (l = L - 1 down to 0).
+static inline void zf_backward_layer_done(ZenFlow* zf, int l) {
+    if (zf->early_dest == NULL) { return; }
+    if (1 + l != zf->next_early_group) {
+        zf_fail("zf_backward_layer_done(%d): expected layer %d (the layers' backward runs from the last one down)",
+                l, zf->next_early_group - 1);
+    }
+    zf_grads_leave(zf, zf->early_dest, 1 + l);
+}
+
+// this step's CPU-owned gradient columns (or, GPU accumulation, A) to `host`: what has not
+// left layer by layer, or all of it at once
+static inline void zf_grads_to_host(ZenFlow* zf, float* host) {
+    if (zf->early_dest == NULL) {
+        double t0 = zf_now_ms();
+        zf->backend.grads_to_host(zf->backend.ctx, zf, host, -1);
+        zf_trace_device(zf, TRACE_D2H, "gradients", t0);
+        return;
+    }
+    if (host != zf->early_dest) { zf_fail("zenflow.h: the layers' gradients went to another buffer (a bug)"); }
+    zf_grads_leave(zf, host, 0);
+    zf->early_dest = NULL;
+}
+
 static inline void zf_step(ZenFlow* zf, int t, ZfAdamHyper hyper) {
     const ZfConfig* cfg = &zf->cfg;
     const ZfBackend* be = &zf->backend;
@@ -603,15 +754,10 @@ static inline void zf_step(ZenFlow* zf, int t, ZfAdamHyper hyper) {
     const int warmup = t < cfg->warmup;
 
     // 4.2 selection: at t == W, then at a window start once S steps have passed
-    if (!warmup) {
-        int first = zf->last_select_step < 0;
-        int due = cfg->select_interval > 0 && zf->window_count == 0 &&
-                  t - zf->last_select_step >= cfg->select_interval;
-        if (first || due) {
-            double t0 = zf_now_ms();
-            zf_select(zf, t);
-            zf_trace_device(zf, TRACE_COMPUTE, "select + migrate", t0);
-        }
+    if (zf_selects_at(zf, t)) {
+        double t0 = zf_now_ms();
+        zf_select(zf, t);
+        zf_trace_device(zf, TRACE_COMPUTE, "select + migrate", t0);
     }
 
     // 4.3 GPU update: selected columns and vectors, with g_t (during warm-up: vectors only)
@@ -631,10 +777,9 @@ static inline void zf_step(ZenFlow* zf, int t, ZfAdamHyper hyper) {
     int stage = -1;
     if (cfg->transport == ZF_ACC_CPU) {
         // spec 7, CPU accumulation: g_t's CPU-owned columns to the host, the CPU adds them up
-        stage = zf_take_stage(zf, background);
-        double t1 = zf_now_ms();
-        be->grads_to_host(be->ctx, zf, zf->grad_stage[stage]);
-        zf_trace_device(zf, TRACE_D2H, "gradients", t1);
+        // (pipelining: most have left already, layer by layer, into the stage taken then)
+        stage = zf->early_dest != NULL ? zf->early_stage : zf_take_stage(zf, background);
+        zf_grads_to_host(zf, zf->grad_stage[stage]);
         if (U == 1) {
             // a window of one step: A = 0 + g_t, which is g_t itself (a gradient is a sum that
             // starts from +0, so it is never -0, the one value 0 + g would change)
@@ -654,22 +799,28 @@ static inline void zf_step(ZenFlow* zf, int t, ZfAdamHyper hyper) {
     if (zf->window_count < U) { return; }
 
     // 4.6 boundary: close the window; the next one starts with n = 0 (and its first
-    // accumulation, or with GPU accumulation zf_zero_grads, starts A from 0)
+    // accumulation, or with GPU accumulation zf_before_backward, starts A from 0)
     const int n = zf->window_count;
     zf->window_count = 0;
     ZfAdamHyper cpu_hyper = hyper;  // every CPU-owned element is a matrix element: decay on
     if (!background) {
         // synchronous: update now, apply before the next forward
         if (cfg->transport == ZF_ACC_GPU) {
-            be->grads_to_host(be->ctx, zf, zf->acc);  // A, once per window
+            zf_grads_to_host(zf, zf->acc);  // A, once per window
             window_sum = zf->acc;
         }
-        ZfWindowJob job = {zf, window_sum, n, s, cpu_hyper, 0.0};
+        ZfWindowJob job = {zf, window_sum, n, s, cpu_hyper, 0, 0.0};
         zf_run_job(zf, 0, zf_window_update, &job, NULL, s);
         zf->cpu_update_ms = job.ms;
-        double t4 = zf_now_ms();
-        be->params_from_host(be->ctx, zf, zf->master);
-        zf_trace_device(zf, TRACE_H2D, "apply", t4);
+        if (zf->pipeline) {
+            // layer by layer, each just before its forward (zf_forward_layer)
+            zf->apply_src = zf->master;
+            zf->next_apply_group = 0;
+        } else {
+            double t4 = zf_now_ms();
+            be->params_from_host(be->ctx, zf, zf->master, -1);
+            zf_trace_device(zf, TRACE_H2D, "apply", t4);
+        }
     } else {
         // overlap: apply window w-1, then hand window w to the updater and go on training
         zf_wait_and_apply(zf);
@@ -678,9 +829,9 @@ static inline void zf_step(ZenFlow* zf, int t, ZfAdamHyper hyper) {
             window_sum = zf->acc_job;
         }
         if (cfg->transport == ZF_ACC_GPU) {
-            be->grads_to_host(be->ctx, zf, zf->acc_job);  // A, once per window
+            zf_grads_to_host(zf, zf->acc_job);  // A, once per window (the buffer that was acc)
         }
-        zf->job = ZfWindowJob{zf, window_sum, n, s, cpu_hyper, 0.0};
+        zf->job = ZfWindowJob{zf, window_sum, n, s, cpu_hyper, 1, 0.0};
         zf->pending_ticket = zf_updater_submit(zf->updater, zf_window_update, &zf->job);
         if (cfg->transport == ZF_ACC_CPU && U == 1) {
             zf->stage_ticket[stage] = zf->pending_ticket;  // the job reads the staging buffer
@@ -695,10 +846,11 @@ static inline void zf_step(ZenFlow* zf, int t, ZfAdamHyper hyper) {
 // lands, and so the trajectory. Its result is saved as the master, with `pending` set.
 
 static inline void zf_save_state(ZenFlow* zf, FILE* fp, const char* path) {
+    zf_apply_pending(zf);  // (the trainer has done this before it saved the model's parameters)
     zf_wait(zf);  // every job has finished (a window update waiting to be applied stays pending)
     const ZfBackend* be = &zf->backend;
     if (zf->window_count > 0 && zf->cfg.transport == ZF_ACC_GPU) {
-        be->grads_to_host(be->ctx, zf, zf->acc);  // A lives in the gradient buffer (spec 7)
+        be->grads_to_host(be->ctx, zf, zf->acc, -1);  // A lives in the gradient buffer (spec 7)
         zf_host_wait(zf, zf->acc);
     }
     if (zf->window_count == 0) {
@@ -785,6 +937,8 @@ static inline void zf_load_state(ZenFlow* zf, FILE* fp, const char* path) {
     }
     zf->stage_next = 0;
     zf->stage_ticket[0] = zf->stage_ticket[1] = -1;
+    zf->early_dest = NULL;
+    zf->apply_src = NULL;
 }
 
 static inline void zf_free(ZenFlow* zf) {
@@ -794,6 +948,9 @@ static inline void zf_free(ZenFlow* zf) {
     }
     for (int i = 0; i < zf->num_matrices; i++) { free(zf->matrices[i].cols_by_owner); }
     free(zf->matrices);
+    free(zf->group_mats);
+    free(zf->group_start);
+    free(zf->all_mats);
     float* buffers[] = {zf->master, zf->m, zf->v, zf->acc, zf->acc_job, zf->grad_stage[0],
                         zf->grad_stage[1], zf->m_new, zf->v_new, zf->gpu_m_old, zf->gpu_v_old,
                         zf->gpu_m_new, zf->gpu_v_new};

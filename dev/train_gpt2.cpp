@@ -493,6 +493,7 @@ typedef struct {
     int* inputs;              // (B, T) of the last forward
     int* targets;             // (B, T) of the last forward
     float mean_loss;          // of the last forward with targets, else -1
+    ZenFlow* zf;              // if set, the passes call its per-layer hooks (zenflow.h)
 } GPT2;
 
 // builds the model from a model file or a spec such as "d12" (random init)
@@ -549,8 +550,10 @@ void gpt2_forward(GPT2* model, const int* inputs, const int* targets, int B, int
     ParameterTensors p = model->params;
     ActivationTensors a = model->acts;
     size_t BTC = (size_t)B * T * C;
+    if (model->zf != NULL) { zf_forward_layer(model->zf, -1); }  // wte, wpe in place
     encoder_forward(a.encoded, inputs, p.wte, p.wpe, B, T, C);
     for (int l = 0; l < L; l++) {
+        if (model->zf != NULL) { zf_forward_layer(model->zf, l); }  // layer l's weights in place
         const float* residual = l == 0 ? a.encoded : a.residual3 + (l - 1) * BTC;
         float* ln1 = a.ln1 + l * BTC;
         float* qkv = a.qkv + l * BTC * 3;
@@ -644,6 +647,7 @@ void gpt2_backward(GPT2* model, int B, int T) {
                         C, 3 * C);
         layernorm_backward(dresidual, g.ln1w + l * C, g.ln1b + l * C, da.ln1 + l * BTC, residual,
                            p.ln1w + l * C, a.ln1_mean + lbt, a.ln1_rstd + lbt, B, T, C);
+        if (model->zf != NULL) { zf_backward_layer_done(model->zf, l); }  // its gradients may leave
     }
     encoder_backward(g.wte, g.wpe, da.encoded, model->inputs, B, T, C);
 }
@@ -758,10 +762,12 @@ static void cpu_gpu_adam(void* ctx, const ZenFlow* zf, ZfAdamHyper h, int step) 
     }
 }
 
-static void cpu_grads_to_host(void* ctx, const ZenFlow* zf, float* host) {
+static void cpu_grads_to_host(void* ctx, const ZenFlow* zf, float* host, int group) {
     const float* grads = ((CpuDevice*)ctx)->model->grads_memory;
-    for (int i = 0; i < zf->num_matrices; i++) {
-        const ZfMatrix* mat = &zf->matrices[i];
+    int count;
+    const int* mats = zf_group(zf, group, &count);
+    for (int k = 0; k < count; k++) {
+        const ZfMatrix* mat = &zf->matrices[mats[k]];
         gather_columns(grads, mat, mat->cols_by_owner + mat->n_sel, mat->cols - mat->n_sel,
                        host + mat->cpu_offset);
     }
@@ -785,10 +791,12 @@ static void cpu_params_to_host(void* ctx, const ZenFlow* zf, float* host) {
     }
 }
 
-static void cpu_params_from_host(void* ctx, const ZenFlow* zf, const float* host) {
+static void cpu_params_from_host(void* ctx, const ZenFlow* zf, const float* host, int group) {
     float* params = ((CpuDevice*)ctx)->model->params_memory;
-    for (int i = 0; i < zf->num_matrices; i++) {
-        const ZfMatrix* mat = &zf->matrices[i];
+    int count;
+    const int* mats = zf_group(zf, group, &count);
+    for (int k = 0; k < count; k++) {
+        const ZfMatrix* mat = &zf->matrices[mats[k]];
         scatter_columns(params, mat, mat->cols_by_owner + mat->n_sel, mat->cols - mat->n_sel,
                         host + mat->cpu_offset);
     }
@@ -979,11 +987,13 @@ int main(int argc, char* argv[]) {
     CpuDevice device;
     zenflow_cpu_init(&zf, &device, &model, zcfg);
     zcfg = zf.cfg;  // as the mode sets it
+    zf.pipeline = args.pipeline;  // the passes below call the per-layer hooks
+    model.zf = &zf;
     if (args.selection_log != NULL) { zf.selection_log = fopen_check(args.selection_log, "w"); }
     printf("[optimizer] %s: topk %g, update interval %d, select interval %d, warm-up %d, overlap "
-           "%s, accumulation on the %s\n", zf_mode_names[zcfg.mode], zcfg.topk,
+           "%s, accumulation on the %s, transfers %s\n", zf_mode_names[zcfg.mode], zcfg.topk,
            zcfg.update_interval, zcfg.select_interval, zcfg.warmup, zcfg.overlap ? "on" : "off",
-           zf_transport_names[zcfg.transport]);
+           zf_transport_names[zcfg.transport], zf.pipeline ? "per layer" : "whole");
     printf("[memory] CPU side (master, m, v, 2 accumulators, staging, 2 scratch) %.1f MiB, "
            "GPU-side moments %.1f MiB (their share in zenflow.cuh's packed layout)\n",
            8.0 * zf.cpu_capacity * 4 / 1048576.0,
@@ -1003,6 +1013,7 @@ int main(int argc, char* argv[]) {
     for (int step = start_step >= 0 ? start_step : 0; step <= steps; step++) {
         int last = step == steps;
         if (g_interrupted) {
+            zf_apply_pending(&zf);  // (pipelining) the parameters complete before they are saved
             exit_interrupted(output_dir, step, checkpoint_every, cfg, model.params_memory, &zf, &train_loader, rng);
         }
         if (last) { zf_drain(&zf); }  // spec 4.7: what follows must see the final weights
@@ -1026,6 +1037,7 @@ int main(int argc, char* argv[]) {
                         gen_tokens, &rng);
         }
         if (fresh && checkpoint_every > 0 && step > 0 && (step % checkpoint_every == 0 || last)) {
+            zf_apply_pending(&zf);
             write_checkpoint(output_dir, step, cfg, model.params_memory, &zf, &train_loader, rng);
         }
         if (last) { break; }
@@ -1042,7 +1054,7 @@ int main(int argc, char* argv[]) {
         }
         double t1 = zf_now_ms();
         trace_event(TRACE_COMPUTE, "forward", t0, t1);
-        zf_zero_grads(&zf);  // all of it, or with -za gpu only what the window does not accumulate
+        zf_before_backward(&zf, step);  // zero the gradients (with -za gpu: what the window does not accumulate)
         gpt2_backward(&model, B, T);
         trace_event(TRACE_COMPUTE, "backward", t1, zf_now_ms());
         if (scores_file != NULL) { scores_write(scores_file, &zf, step); }

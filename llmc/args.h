@@ -25,6 +25,7 @@ typedef struct {
     long seed;                   // -r
     int use_tf32;                // -f (CUDA trainer)
     ZfConfig zcfg;               // -zo -zk -zu -zs -zw -zv -za
+    int pipeline;                // -zp: transfers layer by layer (zenflow.h, spec 7)
     const char* selection_log;   // -zl
     const char* scores_path;     // -zd (CPU trainer)
     const char* metrics_path;    // -zm (CUDA trainer)
@@ -65,6 +66,8 @@ static inline void train_args_usage(const char* program) {
             "  -za <string> where the window's gradient sum accumulates: cpu (the paper: every step's\n"
             "               CPU-owned gradients go to the host) | gpu (in the gradient buffer; one copy\n"
             "               per window) (default cpu)\n"
+            "  -zp <0|1>    move the transfers layer by layer, overlapping the backward / forward pass\n"
+            "               (same numbers either way; default 1)\n"
             "  -zl <string> write every selection (columns and scores) to this file\n"
             "  -zd <string> write every step's column scores to this file (CPU trainer; the locality study)\n"
             "  -zm <string> write per-step measurements as CSV to this file (CUDA trainer)\n"
@@ -92,6 +95,7 @@ static inline void train_args_parse(TrainArgs* a, int argc, char* argv[]) {
     a->seed = 1337;
     a->use_tf32 = 1;
     a->zcfg = zf_default_config();
+    a->pipeline = 1;
     a->trace_first = 1, a->trace_steps = 8;
     for (int i = 1; i < argc; i += 2) {
         const char* flag = argv[i];
@@ -133,6 +137,7 @@ static inline void train_args_parse(TrainArgs* a, int argc, char* argv[]) {
                     else if (strcmp(val, "gpu") == 0) { z->transport = ZF_ACC_GPU; }
                     else { zf_fail("flag -za: '%s' is not a transport (cpu or gpu)", val); }
                     break;
+                case 'p': a->pipeline = (int)zf_parse_int(flag, val, 0, 1); break;
                 case 'l': a->selection_log = val; break;
                 case 'd': a->scores_path = val; break;
                 case 'm': a->metrics_path = val; break;

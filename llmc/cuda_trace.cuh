@@ -22,7 +22,7 @@ completed (gpu_trace_step_done, without waiting), and all of them at gpu_trace_c
 #include "cuda_kernels.cuh"
 #include "trace.h"
 
-#define GPU_TRACE_SPANS 256  // spans not yet written; when full, the oldest are waited for
+#define GPU_TRACE_SPANS 1024  // spans not yet written; when full, the oldest are waited for
 
 typedef struct {
     cudaEvent_t begin, end;

@@ -3,9 +3,11 @@
 # on GPT-2 d12 / d24 / d36 / d48 (124M .. 1.5B), B = 4, T = 1024, TF32 on:
 #
 #   bash scripts/bench_zenflow.sh [--quick] [--bin PATH] [--out DIR] [--budget SECONDS]
-#                                 [--models "d12 d48"] [--warmup N] [--steps N]
+#                                 [--models "d12 d48"] [--modes "adamw offload"] [--warmup N] [--steps N]
 #
-#   --quick     d12 and d48 only, 8 measured steps (what scripts/gpu_check.sh runs)
+#   --quick     d12 and d48 only, the four main modes, 8 measured steps (what
+#               scripts/gpu_check.sh runs)
+#   --modes     which modes (default: all six below)
 #   --bin       the trainer (default ./train_gpt2cu)
 #   --out       logs, models, data, results (default build/bench_zenflow)
 #   --budget    start no new run after this many seconds (default: none)
@@ -17,7 +19,9 @@
 # Modes: adamw (everything on the GPU), offload (every matrix on the CPU, synchronous),
 # zenflow-cpu (k = 0.1, U = 4, overlap; the paper's transport: every step's CPU-owned
 # gradients go down), zenflow-gpu (the same, accumulating in the gradient buffer: one copy
-# down and one up per window). The numbers come from the trainer's per-step measurements
+# down and one up per window); offload-whole and zenflow-cpu-whole: the same with -zp 0, each
+# transfer in one piece after the backward pass instead of layer by layer (what per-layer
+# pipelining buys). The numbers come from the trainer's per-step measurements
 # (-zm): ms/step (host clock), compute and stall ms (CUDA events on the default stream),
 # CPU optimizer work per step, PCIe bytes each way; averages over the measured steps.
 #
@@ -40,13 +44,15 @@ ARGS="$*"
 BIN=./train_gpt2cu
 OUT=build/bench_zenflow
 MODELS="d12 d24 d36 d48"
+MODES="adamw offload offload-whole zenflow-cpu zenflow-cpu-whole zenflow-gpu"
 WARMUP=4
 STEPS=24
 BUDGET=0
 NO_GPU_CHECK=0
 while [ $# -gt 0 ]; do
     case $1 in
-        --quick) MODELS="d12 d48"; STEPS=8; shift ;;
+        --quick) MODELS="d12 d48"; MODES="adamw offload zenflow-cpu zenflow-gpu"; STEPS=8; shift ;;
+        --modes) MODES=$2; shift 2 ;;
         --bin) BIN=$2; shift 2 ;;
         --out) OUT=$2; shift 2 ;;
         --budget) BUDGET=$2; shift 2 ;;
@@ -54,7 +60,7 @@ while [ $# -gt 0 ]; do
         --warmup) WARMUP=$2; shift 2 ;;
         --steps) STEPS=$2; shift 2 ;;
         --no-gpu-check) NO_GPU_CHECK=1; shift ;;
-        -h|--help) sed -n '2,34p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,39p' "$0"; exit 0 ;;
         *) echo "bench_zenflow.sh: unknown argument $1 (hint: --help)" >&2; exit 2 ;;
     esac
 done
@@ -150,8 +156,11 @@ mode_flags() {
     case $1 in
         adamw) echo "-zo adamw" ;;
         offload) echo "-zo offload" ;;
+        offload-whole) echo "-zo offload -zp 0" ;;
         zenflow-cpu) echo "-zo zenflow -zk $K -zu $U -za cpu" ;;
+        zenflow-cpu-whole) echo "-zo zenflow -zk $K -zu $U -za cpu -zp 0" ;;
         zenflow-gpu) echo "-zo zenflow -zk $K -zu $U -za gpu" ;;
+        *) echo "bench_zenflow.sh: unknown mode $1" >&2; exit 2 ;;
     esac
 }
 
@@ -159,16 +168,16 @@ for model in $MODELS; do
     mfile="$OUT/models/$model.bin"
     if [ ! -s "$mfile" ]; then
         if out_of_time; then
-            for mode in adamw offload zenflow-cpu zenflow-gpu; do echo "$model $mode SKIPPED out-of-time" >>"$RESULTS"; done
+            for mode in $MODES; do echo "$model $mode SKIPPED out-of-time" >>"$RESULTS"; done
             continue
         fi
         echo "writing $mfile"
         if ! "$OUT/bench_model" "$model" "$mfile"; then
-            for mode in adamw offload zenflow-cpu zenflow-gpu; do echo "$model $mode FAILED model-file" >>"$RESULTS"; done
+            for mode in $MODES; do echo "$model $mode FAILED model-file" >>"$RESULTS"; done
             continue
         fi
     fi
-    for mode in adamw offload zenflow-cpu zenflow-gpu; do
+    for mode in $MODES; do
         if out_of_time; then
             echo "$model $mode SKIPPED out-of-time" >>"$RESULTS"
             continue
@@ -217,10 +226,10 @@ awk -v dev="$DEVICE" '$3 != "SKIPPED" && $3 != "FAILED" {
     echo "opt state = GPU memory for AdamW moments; vs adamw = this mode's ms / adamw's ms;"
     echo "speed-up = offload ms / this mode's ms (targets: zenflow <= 1.10x adamw, >= 3x offload at d48)."
     echo
-    printf '| %-5s | %-11s | %9s | %8s | %8s | %7s | %8s | %9s | %9s | %10s | %12s | %8s | %8s |\n' \
+    printf '| %-5s | %-17s | %9s | %8s | %8s | %7s | %8s | %9s | %9s | %10s | %12s | %8s | %8s |\n' \
         model mode "ms/step" "tok/s" "stall ms" "stall %" "CPU ms" "D2H MB" "H2D MB" "vs formula" "opt state" \
         "vs adamw" speed-up
-    printf '|%s|%s|%s|%s|%s|%s|%s|%s|%s|%s|%s|%s|%s|\n' -------  ------------- ----------- ---------- ---------- \
+    printf '|%s|%s|%s|%s|%s|%s|%s|%s|%s|%s|%s|%s|%s|\n' -------  ------------------- ----------- ---------- ---------- \
         --------- ---------- ----------- ----------- ------------ -------------- ---------- ----------
     awk -v B=$B -v T=$T -v k=$K -v U=$U '
         {
@@ -235,18 +244,19 @@ awk -v dev="$DEVICE" '$3 != "SKIPPED" && $3 != "FAILED" {
                 split(line[i], f, " ")
                 model = f[1]; mode = f[2]
                 if (f[3] == "SKIPPED" || f[3] == "FAILED") {
-                    printf "| %-5s | %-11s | %s %s\n", model, mode, f[3], f[4]; continue
+                    printf "| %-5s | %-17s | %s %s\n", model, mode, f[3], f[4]; continue
                 }
                 ms = f[3]; stall = f[5]; cpu = f[6]; d2h = f[7]; h2d = f[8]; opt = f[9]; M = f[10]
                 bytes = 4.0 * M
-                if (mode == "offload") formula = 2 * bytes
-                else if (mode == "zenflow-cpu") formula = (1 - k) * bytes * (1 + 1.0 / U)
-                else if (mode == "zenflow-gpu") formula = 2 * (1 - k) * bytes / U
+                kind = mode; sub(/-whole$/, "", kind)  # -zp 0 moves the same bytes
+                if (kind == "offload") formula = 2 * bytes
+                else if (kind == "zenflow-cpu") formula = (1 - k) * bytes * (1 + 1.0 / U)
+                else if (kind == "zenflow-gpu") formula = 2 * (1 - k) * bytes / U
                 else formula = 0
                 vs = formula > 0 ? sprintf("%.3f", (d2h + h2d) * 1e6 / formula) : "-"
                 sp = (model in off && mode != "offload" && mode != "adamw") ? sprintf("%.2fx", off[model] / ms) : "-"
                 va = (model in base && mode != "adamw") ? sprintf("%.2fx", ms / base[model]) : "-"
-                printf "| %-5s | %-11s | %9.1f | %8.0f | %8.1f | %6.1f%% | %8.1f | %9.1f | %9.1f | %10s | %8.0f MiB | %8s | %8s |\n",
+                printf "| %-5s | %-17s | %9.1f | %8.0f | %8.1f | %6.1f%% | %8.1f | %9.1f | %9.1f | %10s | %8.0f MiB | %8s | %8s |\n",
                        model, mode, ms, B * T / (ms / 1e3), stall, 100 * stall / ms, cpu, d2h, h2d, vs, opt, va, sp
             }
         }' "$RESULTS"

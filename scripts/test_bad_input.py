@@ -92,6 +92,7 @@ def main():
             ("B not a number", ["-b", "4x"], "-b"),
             ("negative lr", ["-l", "-1"], "-l"),
             ("lr not a number", ["-l", "nan"], "-l"),
+            ("-zp out of range", ["-zp", "2"], "-zp"),
             ("-n without -o", ["-n", "5", "-o", None], "-o"),
             ("unknown model spec", ["-e", "d13"], "d13"),
             ("corrupt tokenizer", ["-k", os.path.join(tmp, "tokenizer_bad.bin")], "tokenizer_bad.bin"),

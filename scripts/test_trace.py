@@ -11,8 +11,9 @@ the file is JSON with the five named tracks; every event belongs to a traced ste
 a duration >= 0; each traced step has one forward and then one backward on the compute
 track, and the GPU-side AdamW after the backward; the CPU-owned gradients go device->host
 every step (CPU accumulation); the CPU updater's jobs appear; the window that closes at step
-6 (U = 3) puts its update on the CPU updater track. Prints one line per check and
-`trace: N passed, M failed`.
+6 (U = 3) puts its update on the CPU updater track; the gradients leave layer by layer
+(several device->host events a step; no selection falls in the traced steps), and in one
+piece with -zp 0 (a second run). Prints one line per check and `trace: N passed, M failed`.
 """
 import json
 import os
@@ -35,14 +36,21 @@ def main():
         results.append(ok)
         print(f"{'ok   ' if ok else 'FAIL '} {name}: {detail}")
 
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "trace.json")
-        argv = [trainer, "-e", f"{case}/model.bin", "-i", f"{case}/train.bin", "-j", f"{case}/train.bin",
-                "-b", "4", "-t", "16", "-x", str(STEPS), "-v", "0", "-s", "0", "-zo", "zenflow", "-zk", "0.2",
-                "-zu", "3", "-zs", "6", "-zv", "1", "-tr", path, "-tf", str(FIRST), "-tn", str(COUNT)]
-        subprocess.run(argv, check=True, capture_output=True, timeout=600)
-        with open(path) as f:
-            trace = json.load(f)
+    def run(extra):
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "trace.json")
+            argv = [trainer, "-e", f"{case}/model.bin", "-i", f"{case}/train.bin", "-j", f"{case}/train.bin",
+                    "-b", "4", "-t", "16", "-x", str(STEPS), "-v", "0", "-s", "0", "-zo", "zenflow", "-zk", "0.2",
+                    "-zu", "3", "-zs", "6", "-zv", "1", "-tr", path, "-tf", str(FIRST), "-tn", str(COUNT)] + extra
+            subprocess.run(argv, check=True, capture_output=True, timeout=600)
+            with open(path) as f:
+                return json.load(f)
+
+    def d2h_per_step(trace):
+        spans = [e for e in trace["traceEvents"] if e["ph"] == "X" and e["tid"] == 2]
+        return [sum(1 for e in spans if e["args"]["step"] == s) for s in range(FIRST, FIRST + COUNT)]
+
+    trace = run([])
     events = trace["traceEvents"]
     names = {e["tid"]: e["args"]["name"] for e in events if e["ph"] == "M"}
     check("tracks", names == TRACKS, f"{names}")
@@ -71,6 +79,10 @@ def main():
     check("compute order", order_ok, "; ".join(detail) or "forward, backward, GPU-side AdamW in order every step")
     d2h = [s for s in steps if any(e["tid"] == 2 for e in spans if e["args"]["step"] == s)]
     check("device->host", d2h == steps, f"gradient columns leave in steps {d2h}")
+    layers = d2h_per_step(trace)
+    whole = d2h_per_step(run(["-zp", "0"]))
+    check("per layer", min(layers) >= 2 and whole == [1] * COUNT,
+          f"device->host events per step: {layers} (per layer), {whole} (-zp 0)")
     jobs = [e for e in spans if e["tid"] == 4]
     updates = [e for e in jobs if e["name"] == "window update"]
     check("CPU updater", len(jobs) > 0 and len(updates) >= 1,

@@ -9,8 +9,10 @@ Validation (tolerance 0 = bitwise unless said):
   - AdamW on the GPU-owned elements (spec 3.1), 3 steps: parameters bitwise vs the scalar
     CPU loop, the moments bitwise after moments_to_host (zenflow.h's layout), every
     CPU-owned element untouched;
-  - grads_to_host (gather + copy down) vs the CPU backend's gather_columns;
+  - grads_to_host (gather + copy down) vs the CPU backend's gather_columns; also layer by
+    layer (zenflow.h's transfer groups, in the backward's order);
   - params_from_host (copy up + scatter) vs scatter_columns, GPU-owned columns untouched;
+    also layer by layer (in the forward's order);
   - zero_grads(all = 0): the vectors and GPU-owned columns 0, the CPU-owned columns kept;
   - moments_from_host then moments_to_host, grads_from_host: round trips.
 Timing (GPT-2 124M layout, k = 0.1 and k = 1): gather, scatter, selective AdamW against
@@ -173,22 +175,31 @@ static void validate(const char* spec, double k, uint64_t* rng) {
 
     // 4.4 gradients to the host
     std::vector<float> packed(ce + 1, -1.0f), want(ce + 1, -1.0f);
-    be->grads_to_host(be->ctx, &zf, packed.data());
+    be->grads_to_host(be->ctx, &zf, packed.data(), -1);
     be->host_wait(be->ctx, packed.data());
     gather_cpu_owned(&zf, h_grads, want.data());
     bitwise(packed.data(), want.data(), ce + 1, "grads_to_host vs gather_columns");
+    std::fill(packed.begin(), packed.end(), -1.0f);
+    for (int gr = zf.num_groups - 1; gr >= 0; gr--) { be->grads_to_host(be->ctx, &zf, packed.data(), gr); }
+    be->host_wait(be->ctx, packed.data());
+    bitwise(packed.data(), want.data(), ce + 1, "grads_to_host layer by layer");
 
     // 4.6 apply
-    float* fresh = random_floats(ce + 1, -2.0f, 2.0f, rng);
-    be->params_from_host(be->ctx, &zf, fresh);
+    float* fresh = random_floats(ce + 2, -2.0f, 2.0f, rng);
+    be->params_from_host(be->ctx, &zf, fresh, -1);
     scatter_cpu_owned(&zf, p_ref.data(), fresh);
     cudaCheck(cudaDeviceSynchronize());
     cudaCheck(cudaMemcpy(got.data(), d_params, N * sizeof(float), cudaMemcpyDeviceToHost));
     bitwise(got.data(), p_ref.data(), N, "params_from_host vs scatter_columns");
+    for (int gr = 0; gr < zf.num_groups; gr++) { be->params_from_host(be->ctx, &zf, fresh + 2, gr); }
+    scatter_cpu_owned(&zf, p_ref.data(), fresh + 2);
+    cudaCheck(cudaDeviceSynchronize());
+    cudaCheck(cudaMemcpy(got.data(), d_params, N * sizeof(float), cudaMemcpyDeviceToHost));
+    bitwise(got.data(), p_ref.data(), N, "params_from_host layer by layer");
     // and the prefetched path: upload first (as the updater thread does), then apply
     be->params_prefetch(be->ctx, &zf, fresh + 1);
     be->host_wait(be->ctx, fresh + 1);  // not one of zenflow.h's buffers: waits for all copies
-    be->params_from_host(be->ctx, &zf, fresh + 1);
+    be->params_from_host(be->ctx, &zf, fresh + 1, -1);
     scatter_cpu_owned(&zf, p_ref.data(), fresh + 1);
     cudaCheck(cudaDeviceSynchronize());
     cudaCheck(cudaMemcpy(got.data(), d_params, N * sizeof(float), cudaMemcpyDeviceToHost));
@@ -252,10 +263,10 @@ static void benchmark(const char* spec, double k, uint64_t* rng) {
     const double ce = (double)zf.cpu_elems, ge = (double)zf.gpu_sel_elems + zf.vector_elems;
     float us;
     if (zf.cpu_elems > 0) {
-        long long tiles = dev.h_cpu_tiles[dev.num_sets];
-        us = benchmark_us(10, [&] { zf_cuda_gather(&dev, dev.grads_stage->buf, d_grads, tiles); });
+        int n = dev.num_sets;
+        us = benchmark_us(10, [&] { zf_cuda_gather(&dev, dev.grads_stage->buf, d_grads, 0, n); });
         report_bandwidth("gather CPU-owned columns (read+write)", us, 2.0 * ce * 4);
-        us = benchmark_us(10, [&] { zf_cuda_scatter(&dev, d_params, dev.grads_stage->buf, tiles); });
+        us = benchmark_us(10, [&] { zf_cuda_scatter(&dev, d_params, dev.grads_stage->buf, 0, n); });
         report_bandwidth("scatter CPU-owned columns", us, 2.0 * ce * 4);
     }
     int s = 1;
@@ -271,24 +282,30 @@ static void benchmark(const char* spec, double k, uint64_t* rng) {
     report_bandwidth("  for scale: contiguous AdamW, same count", us, 7.0 * ge * 4);
     us = benchmark_us(10, [&] { be->zero_grads(be->ctx, &zf, 0); });
     report_bandwidth("zero_grads(all = 0) (write)", us, ge * 4);
-    if (zf.cpu_elems > 0) {  // PCIe: the pinned master, both directions, host clock
-        for (int dir = 0; dir < 2; dir++) {
+    if (zf.cpu_elems > 0) {  // PCIe: the pinned master, both directions, host clock; all at
+        // once, and layer by layer (the per-layer pipeline's launches and copies, back to back)
+        const char* names[4] = {"grads_to_host (D2H)", "params_from_host (H2D)", "grads_to_host, per layer",
+                                "params_from_host, per layer"};
+        for (int way = 0; way < 4; way++) {
             double best = 1e30;
             for (int i = 0; i < 5; i++) {
                 cudaCheck(cudaDeviceSynchronize());
                 double t0 = zf_now_ms();
-                if (dir == 0) {
-                    be->grads_to_host(be->ctx, &zf, zf.master);
-                } else {
-                    be->params_from_host(be->ctx, &zf, zf.master);
+                for (int part = 0; part < (way < 2 ? 1 : zf.num_groups); part++) {
+                    int gr = way < 2 ? -1 : way == 2 ? zf.num_groups - 1 - part : part;
+                    if (way % 2 == 0) {
+                        be->grads_to_host(be->ctx, &zf, zf.master, gr);
+                    } else {
+                        be->params_from_host(be->ctx, &zf, zf.master, gr);
+                    }
                 }
                 be->host_wait(be->ctx, zf.master);
                 cudaCheck(cudaDeviceSynchronize());
                 best = std::min(best, zf_now_ms() - t0);
             }
             double gbs = ce * 4 / (best * 1e-3) / 1e9;
-            printf("  %-34s %9.1f us  %8.1f GB/s  (%.0f MB, incl. gather/scatter)\n",
-                   dir == 0 ? "grads_to_host (D2H)" : "params_from_host (H2D)", best * 1e3, gbs, ce * 4 / 1e6);
+            printf("  %-34s %9.1f us  %8.1f GB/s  (%.0f MB, incl. gather/scatter)\n", names[way], best * 1e3, gbs,
+                   ce * 4 / 1e6);
         }
     }
     cudaCheck(cudaFree(pm));

@@ -42,7 +42,9 @@ typedef struct {
     CpuDevice cpu;  // does the actual work
     int late;
     std::mutex mu;  // the updater thread calls params_prefetch and host_wait too
-    std::map<const float*, std::vector<float>> to_host;  // copies to the host not landed yet
+    // copies to the host not landed yet: per host buffer, (offset, values) of each part
+    std::map<const float*, std::vector<std::pair<size_t, std::vector<float>>>> to_host;
+    int prefetched;            // params_prefetch started an upload that no apply has used yet
     const float* upload_host;  // the host buffer the last upload reads (NULL: none)
     int upload_read;           // ... whether it has read it (into upload) ...
     int upload_done;           // ... and whether a host_wait has seen it finish
@@ -83,17 +85,24 @@ static void lazy_moments_from_host(void* ctx, const ZenFlow* zf, const float* m,
     cpu_moments_from_host(&((LazyDevice*)ctx)->cpu, zf, m, v);
 }
 
-// the gradient columns leave now (the device's state of now), and land at host_wait
-static void lazy_grads_to_host(void* ctx, const ZenFlow* zf, float* host) {
+// the gradient columns (all, or one layer's) leave now (the device's state of now), and
+// land at host_wait
+static void lazy_grads_to_host(void* ctx, const ZenFlow* zf, float* host, int group) {
     LazyDevice* dev = (LazyDevice*)ctx;
     std::vector<float> data(zf->cpu_elems);
-    cpu_grads_to_host(&dev->cpu, zf, data.data());
+    cpu_grads_to_host(&dev->cpu, zf, data.data(), group);
     std::lock_guard<std::mutex> lock(dev->mu);
-    if (dev->late) {
-        for (size_t i = 0; i < zf->cpu_elems; i++) { host[i] = NAN; }  // not there yet
-        dev->to_host[host] = data;
-    } else {
-        memcpy(host, data.data(), data.size() * sizeof(float));
+    int count;
+    const int* mats = zf_group(zf, group, &count);
+    for (int k = 0; k < count; k++) {
+        const ZfMatrix* mat = &zf->matrices[mats[k]];
+        size_t at = mat->cpu_offset, n = (size_t)(mat->cols - mat->n_sel) * mat->rows;
+        if (dev->late) {
+            dev->to_host[host].push_back({at, std::vector<float>(data.begin() + at, data.begin() + at + n)});
+            for (size_t i = at; i < at + n; i++) { host[i] = NAN; }  // not there yet
+        } else {
+            memcpy(host + at, data.data() + at, n * sizeof(float));
+        }
     }
 }
 
@@ -102,6 +111,7 @@ static void lazy_params_prefetch(void* ctx, const ZenFlow* zf, const float* host
     LazyDevice* dev = (LazyDevice*)ctx;
     std::lock_guard<std::mutex> lock(dev->mu);
     lazy_check_upload(dev, "a new upload starts");
+    dev->prefetched = 1;
     dev->upload_host = host;
     dev->upload_read = 0;
     dev->upload_done = 0;
@@ -116,8 +126,10 @@ static void lazy_host_wait(void* ctx, const float* host) {
     LazyDevice* dev = (LazyDevice*)ctx;
     std::lock_guard<std::mutex> lock(dev->mu);
     auto it = dev->to_host.find(host);
-    if (it != dev->to_host.end()) {  // the copy to the host lands
-        memcpy((float*)host, it->second.data(), it->second.size() * sizeof(float));
+    if (it != dev->to_host.end()) {  // the copies to the host land
+        for (auto& part : it->second) {
+            memcpy((float*)host + part.first, part.second.data(), part.second.size() * sizeof(float));
+        }
         dev->to_host.erase(it);
     }
     if (dev->upload_host == host) {  // the upload reads it now if it has not, and finishes
@@ -127,12 +139,21 @@ static void lazy_host_wait(void* ctx, const float* host) {
     }
 }
 
-static void lazy_params_from_host(void* ctx, const ZenFlow* zf, const float* host) {
+// an apply, all at once or (pipelining) one layer at a time: the upload's first part (-1 or
+// group 0) reads the host buffer, unless a prefetch has; the later parts use what it read
+static void lazy_params_from_host(void* ctx, const ZenFlow* zf, const float* host, int group) {
     LazyDevice* dev = (LazyDevice*)ctx;
     std::vector<float> data;
     {
         std::lock_guard<std::mutex> lock(dev->mu);
-        if (dev->upload_host == host && dev->upload_read) {
+        if (group > 0) {
+            if (dev->upload_host != host || !dev->upload_read) {
+                printf("  PROTOCOL ERROR: layer group %d applied before the upload's first part\n", group);
+                g_protocol_errors++;
+            }
+            lazy_check_upload(dev, "apply of a layer");
+            data = dev->upload;
+        } else if (dev->prefetched && dev->upload_host == host && dev->upload_read) {
             lazy_check_upload(dev, "apply");
             data = dev->upload;  // prefetched (early, or read at a host_wait)
         } else {
@@ -144,13 +165,15 @@ static void lazy_params_from_host(void* ctx, const ZenFlow* zf, const float* hos
             dev->upload_done = !dev->late;  // late: still reading until a host_wait
             dev->cpu_elems = zf->cpu_elems;
         }
+        if (group < 0 || group == zf->num_groups - 1) { dev->prefetched = 0; }  // its last part
     }
-    cpu_params_from_host(&dev->cpu, zf, data.data());
+    cpu_params_from_host(&dev->cpu, zf, data.data(), group);
 }
 
 static void lazy_init(ZenFlow* zf, LazyDevice* dev, GPT2* model, ZfConfig cfg, int late) {
     zenflow_cpu_init(zf, &dev->cpu, model, cfg);  // zf_init and the CPU device's buffers
     dev->late = late;
+    dev->prefetched = 0;
     dev->upload_host = NULL;
     dev->upload_read = dev->upload_done = 0;
     ZfBackend be;
@@ -179,11 +202,14 @@ static const char* const device_names[3] = {"CPU backend", "late copies", "early
 
 typedef struct {
     std::vector<float> losses, params;
+    long groups_out, groups_in;  // transfer groups zenflow.h moved layer by layer
 } Run;
 
 // the case's run with settings z on a device kind; selections to sel_path if not NULL; with
-// save_at > 0 a checkpoint after that many steps, then a fresh model and ZenFlow resume it
-static Run run(const char* dir, const ZfCase* c, ZfConfig z, int kind, const char* sel_path, int save_at = 0) {
+// save_at > 0 a checkpoint after that many steps, then a fresh model and ZenFlow resume it;
+// with `pipeline` the passes call zenflow.h's per-layer hooks (transfers layer by layer)
+static Run run(const char* dir, const ZfCase* c, ZfConfig z, int kind, const char* sel_path, int save_at = 0,
+               int pipeline = 0) {
     char path[4096];
     snprintf(path, sizeof(path), "%s/model.bin", dir);
     GPT2 model;
@@ -199,6 +225,8 @@ static Run run(const char* dir, const ZfCase* c, ZfConfig z, int kind, const cha
         lazy_init(&zf, dev, &model, z, kind == LATE);
     }
     if (sel_path != NULL) { zf.selection_log = fopen_check(sel_path, "w"); }
+    zf.pipeline = pipeline;
+    model.zf = pipeline ? &zf : NULL;
     ZfAdamHyper hyper = {c->s.lr, 0.9f, 0.95f, 1e-8f, c->s.wd};
     Run out;
     for (int t = 0; t < c->s.steps; t++) {
@@ -220,19 +248,22 @@ static Run run(const char* dir, const ZfCase* c, ZfConfig z, int kind, const cha
                 lazy_init(&zf, dev, &model, z, kind == LATE);
             }
             zf.selection_log = log;
+            zf.pipeline = pipeline;
             rewind(fp);
             zf_load_state(&zf, fp, "checkpoint test");
             fclose(fp);
         }
         dataloader_next_batch(&loader);
         gpt2_forward(&model, loader.inputs, loader.targets, c->s.B, c->s.T);
-        zf_zero_grads(&zf);
+        zf_before_backward(&zf, t);
         gpt2_backward(&model, c->s.B, c->s.T);
         zf_step(&zf, t, hyper);
         out.losses.push_back(model.mean_loss);
     }
     zf_drain(&zf);
     out.params.assign(model.params_memory, model.params_memory + model.num_parameters);
+    out.groups_out = zf.groups_out;
+    out.groups_in = zf.groups_in;
     if (zf.selection_log != NULL) { fclose(zf.selection_log); }
     zf_wait(&zf);
     lazy_check_upload(dev, "end of the run");
@@ -257,6 +288,8 @@ static void test_case(const char* dir) {
     for (int kind = LATE; kind <= EARLY; kind++) {
         snprintf(what, sizeof(what), "-za cpu, %s == CPU backend", device_names[kind]);
         report_same(same_run(run(dir, &c, c.z, kind, NULL), plain), what, REPORT_WIDTH);
+        snprintf(what, sizeof(what), "-za cpu, %s, per-layer transfers == CPU backend", device_names[kind]);
+        report_same(same_run(run(dir, &c, c.z, kind, NULL, 0, 1), plain), what, REPORT_WIDTH);
     }
     if (c.z.mode != ZF_MODE_ZENFLOW) { return; }  // adamw and offload ignore -za
     ZfConfig z = c.z;
@@ -268,6 +301,8 @@ static void test_case(const char* dir) {
     Run late = run(dir, &c, z, LATE, sel_path);
     Run early = run(dir, &c, z, EARLY, NULL);
     report_same(same_run(late, early), "-za gpu, late copies == early copies", REPORT_WIDTH);
+    report_same(same_run(run(dir, &c, z, LATE, NULL, 0, 1), late), "-za gpu, late copies, per-layer transfers == whole",
+                REPORT_WIDTH);
     char path[4096];
     snprintf(path, sizeof(path), "%s/selections.txt", dir);
     // against the reference as dev/test_zenflow.cpp compares: near-ties within 1e-5 of the
@@ -310,6 +345,17 @@ static void test_invariants(const char* dir) {
             snprintf(what, sizeof(what), "k=%.1f U=%d S=%d W=%d overlap %s -za %s: late == early", m.k, m.U, m.S,
                      m.W, m.overlap ? "on" : "off", zf_transport_names[tr]);
             report_same(same_run(late, run(dir, &c, z, EARLY, NULL)), what, REPORT_WIDTH);
+            snprintf(what, sizeof(what), "k=%.1f U=%d S=%d W=%d overlap %s -za %s: late, per layer == whole", m.k,
+                     m.U, m.S, m.W, m.overlap ? "on" : "off", zf_transport_names[tr]);
+            Run piped = run(dir, &c, z, LATE, NULL, 0, 1);
+            report_same(same_run(late, piped), what, REPORT_WIDTH);
+            // and the layers did move one by one: gradients on every step that keeps its
+            // ownership (-za gpu: every boundary), applies wherever one is synchronous
+            int want_in = !m.overlap || m.W > 0;
+            int ok = piped.groups_out > 0 && (piped.groups_in > 0) == want_in;
+            printf("  %-66s %ld out, %ld in  %s\n", "... transfer groups moved layer by layer", piped.groups_out,
+                   piped.groups_in, ok ? "ok" : "FAIL");
+            check(ok, "per-layer transfers did not happen where they should");
             if (tr == ZF_ACC_CPU) {
                 snprintf(what, sizeof(what), "k=%.1f U=%d S=%d W=%d overlap %s -za cpu: late == CPU backend", m.k,
                          m.U, m.S, m.W, m.overlap ? "on" : "off");
@@ -349,12 +395,18 @@ static void test_invariants(const char* dir) {
                      zf_transport_names[tr], save_at);
             report_same(same_run(first, run(dir, &c, z, LATE, NULL, save_at)), what, REPORT_WIDTH);
         }
+        setenv("ZF_UPDATER_DELAY_US", "2000", 1);
+        snprintf(what, sizeof(what), "... per-layer transfers, random updater delays");
+        report_same(same_run(first, run(dir, &c, z, LATE, NULL, 0, 1)), what, REPORT_WIDTH);
+        unsetenv("ZF_UPDATER_DELAY_US");
         z.overlap = 0;
         z.warmup = 2;
         Run sync = run(dir, &c, z, LATE, NULL);
         snprintf(what, sizeof(what), "zenflow U=3 W=2 overlap off -za %s, checkpoint after step 4, resumed",
                  zf_transport_names[tr]);
         report_same(same_run(sync, run(dir, &c, z, LATE, NULL, 4)), what, REPORT_WIDTH);
+        snprintf(what, sizeof(what), "... per-layer transfers, checkpoint after step 4 (mid-apply), resumed");
+        report_same(same_run(sync, run(dir, &c, z, LATE, NULL, 4, 1)), what, REPORT_WIDTH);
     }
 }
 
