@@ -310,6 +310,9 @@ static void test_zenflow_case(const char* dir) {
         ZfRun run = zf_run(dir, &c, z, -1, sel_path);
         int tie_step = check_selections(read_selections(sel_path), ref_sel, ZF_NEAR_TIE, "    ",
                                         "ZenFlow selections differ from the reference");
+        char ref_sel_path[4096];
+        snprintf(ref_sel_path, sizeof(ref_sel_path), "%s/selections.txt", dir);
+        check_windows(sel_path, ref_sel_path, tie_step, "    ");
         remove(sel_path);
         check(ref.size() == run.losses.size(), "the reference has a different number of steps");
         double worst = 0.0;
@@ -422,6 +425,34 @@ static void test_zenflow_invariants(const char* dir) {
         printf("  %-62s %ld groups out  %s\n", "  ... gradients moved layer by layer", first.groups_out,
                first.groups_out > 0 ? "ok" : "FAIL");
         check(first.groups_out > 0, "zenflow did not move gradients layer by layer");
+    }
+    // auto U (spec 6): its decisions are made from device sums one step late; the same
+    // with random updater delays, and a checkpoint inside the longest window (where the
+    // window's c sums carry the decision) resumes bit for bit
+    for (int tr = 0; tr < 2; tr++) {
+        ZfConfig z = zf_default_config();
+        z.update_interval = ZF_AUTO;
+        z.select_interval = 6;
+        z.transport = tr;
+        char log_path[] = "/tmp/zf_gpu_windows_XXXXXX";
+        int fd = mkstemp(log_path);
+        if (fd < 0) { zf_fail("mkstemp failed"); }
+        close(fd);
+        ZfRun first = zf_run(dir, &c, z, -1, log_path);
+        std::vector<std::pair<int, int>> windows = read_windows(log_path);
+        remove(log_path);
+        std::pair<int, int> longest = {1, 1};
+        for (auto& w : windows) { longest = w.second > longest.second ? w : longest; }
+        setenv("ZF_UPDATER_DELAY_US", "3000", 1);
+        ZfRun delayed = zf_run(dir, &c, z, -1, NULL);
+        unsetenv("ZF_UPDATER_DELAY_US");
+        snprintf(what, sizeof(what), "zenflow U=auto -za %s (%zu windows), random updater delays",
+                 zf_transport_names[tr], windows.size());
+        report_same(same_run(first, delayed), what, REPORT_WIDTH);
+        int save_at = longest.first - longest.second + 2;  // after the longest window's first step
+        snprintf(what, sizeof(what), "zenflow U=auto -za %s, checkpoint after step %d and resume",
+                 zf_transport_names[tr], save_at);
+        report_same(same_run(first, zf_run(dir, &c, z, -1, NULL, save_at)), what, REPORT_WIDTH);
     }
 }
 

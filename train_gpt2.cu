@@ -579,8 +579,10 @@ int main(int argc, char* argv[]) {
     zf.pipeline = args.pipeline;  // gpt2_forward / gpt2_backward call the per-layer hooks
     model.zf = &zf;
     if (selection_log != NULL) { zf.selection_log = fopen_check(selection_log, "w"); }
-    printf("[optimizer] %s: topk %g, update interval %d, select interval %d, warm-up %d, overlap %s, "
-           "accumulation on the %s, transfers %s\n", zf_mode_names[zcfg.mode], zcfg.topk, zcfg.update_interval,
+    char interval[32];
+    zf_describe_interval(&zcfg, interval, sizeof(interval));
+    printf("[optimizer] %s: topk %g, update interval %s, select interval %d, warm-up %d, overlap %s, "
+           "accumulation on the %s, transfers %s\n", zf_mode_names[zcfg.mode], zcfg.topk, interval,
            zcfg.select_interval, zcfg.warmup, zcfg.overlap ? "on" : "off", zf_transport_names[zcfg.transport],
            zf.pipeline ? "per layer" : "whole");
     printf("[optimizer] matrix elements M = %zu: the CPU owns %zu after the first selection, the GPU %zu\n",

@@ -323,6 +323,53 @@ __global__ void zf_scatter_columns_kernel(float* __restrict__ full,          // 
     zf_scatter_store(t, order, full, threadIdx.x, threadIdx.y, tile);
 }
 
+// spec 6 (auto U), pass 1: partial[b] = sum of |g| over chunk b of the column sets (their
+// elements taken row by row, as in the AdamW kernel), in double, added up in a fixed tree
+__global__ void zf_abs_sum_partial_kernel(double* __restrict__ partial,      // (chunks)
+                                          const float* __restrict__ grads,   // (num_parameters)
+                                          const ZfColumnSet* __restrict__ sets,
+                                          const long long* __restrict__ chunk_start, int num_sets,
+                                          const int* __restrict__ order) {
+    __shared__ double sum[ZF_BLOCK];
+    const int s = zf_find_set(chunk_start, num_sets, blockIdx.x);
+    const ZfColumnSet set = sets[s];
+    const int n = set.count * set.rows;
+    const int base = (int)(blockIdx.x - chunk_start[s]) * ZF_CHUNK;
+    double mine = 0.0;
+    for (int j = threadIdx.x; j < ZF_CHUNK; j += ZF_BLOCK) {
+        int i = base + j;
+        if (i < n) {
+            size_t at, k;
+            zf_gpu_element(set, order, i, &at, &k);
+            mine += fabs((double)grads[at]);
+        }
+    }
+    sum[threadIdx.x] = mine;
+    __syncthreads();
+    for (int half = ZF_BLOCK / 2; half > 0; half /= 2) {
+        if ((int)threadIdx.x < half) { sum[threadIdx.x] += sum[threadIdx.x + half]; }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) { partial[blockIdx.x] = sum[0]; }
+}
+
+// pass 2, one block per set: out[s] = the sum of set s's partials (0 for an empty set)
+__global__ void zf_abs_sum_finalize_kernel(double* __restrict__ out, const double* __restrict__ partial,
+                                           const long long* __restrict__ chunk_start) {
+    __shared__ double sum[ZF_BLOCK];
+    double mine = 0.0;
+    for (long long b = chunk_start[blockIdx.x] + threadIdx.x; b < chunk_start[blockIdx.x + 1]; b += ZF_BLOCK) {
+        mine += partial[b];
+    }
+    sum[threadIdx.x] = mine;
+    __syncthreads();
+    for (int half = ZF_BLOCK / 2; half > 0; half /= 2) {
+        if ((int)threadIdx.x < half) { sum[threadIdx.x] += sum[threadIdx.x + half]; }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) { out[blockIdx.x] = sum[0]; }
+}
+
 // ----------------------------------------------------------------------------
 // the backend's state
 
@@ -365,6 +412,7 @@ typedef struct {
     // ownership (selection_changed), host mirrors h_* built first, then copied
     ZfColumnSet *cpu_sets, *gpu_sets, *h_cpu_sets, *h_gpu_sets;  // (num_sets)
     long long *cpu_tiles, *gpu_chunks, *h_cpu_tiles, *h_gpu_chunks;  // (num_sets + 1)
+    long long *cpu_chunks, *h_cpu_chunks;  // (num_sets + 1) the CPU sets by chunks (auto U's sums)
     int *order, *h_order;                                        // (total_cols)
     // 4.3: the GPU's optimizer state: every vector, then each matrix's selected columns
     float* m;  // (vector_elems + gpu_capacity) device, row by row per matrix (see the top)
@@ -373,6 +421,14 @@ typedef struct {
     // 4.2.2 scratch
     float* scores;         // (max_cols) device
     float* score_partial;  // (COLSUM_MAX_CHUNKS, max_cols) device
+    // auto U (spec 6): per set sums of |g|, GPU-owned then CPU-owned; abs_sums copies them to
+    // abs_host and zf_cuda_abs_sums_wait hands them to zenflow.h's arrays
+    double* abs_partial;  // (most chunks either side can have) device
+    double* abs_out;      // (2 num_sets) device
+    double* abs_host;     // (2 num_sets) host, pinned if abs_pinned
+    int abs_pinned;
+    double *abs_sel, *abs_cpu;  // where the last abs_sums call wants them (abs_cpu may be NULL)
+    cudaEvent_t abs_done;
     // transfers (spec 7)
     cudaStream_t d2h, h2d;
     ZfStaging staging[2];
@@ -551,7 +607,12 @@ static void zf_cuda_column_scores(void* ctx, const ZfMatrix* mat, float* scores)
 static void zf_cuda_selection_changed(void* ctx, const ZenFlow* zf) {
     ZfCudaDevice* dev = (ZfCudaDevice*)ctx;
     zf_build_column_sets(zf, dev->h_cpu_sets, dev->h_gpu_sets, dev->h_cpu_tiles, dev->h_gpu_chunks, dev->h_order);
-    if (dev->h_cpu_tiles[dev->num_sets] >= (1LL << 31) || dev->h_gpu_chunks[dev->num_sets] >= (1LL << 31)) {
+    dev->h_cpu_chunks[0] = 0;
+    for (int i = 0; i < dev->num_sets; i++) {
+        dev->h_cpu_chunks[i + 1] = dev->h_cpu_chunks[i] + zf_num_chunks(dev->h_cpu_sets[i]);
+    }
+    if (dev->h_cpu_tiles[dev->num_sets] >= (1LL << 31) || dev->h_gpu_chunks[dev->num_sets] >= (1LL << 31) ||
+        dev->h_cpu_chunks[dev->num_sets] >= (1LL << 31)) {
         zf_fail("zenflow.cuh: the model is too large for one grid of tiles (hint: a smaller model)");
     }
     // synchronous copies on the default stream: kernels still reading the old sets finish first
@@ -560,6 +621,7 @@ static void zf_cuda_selection_changed(void* ctx, const ZenFlow* zf) {
     cudaCheck(cudaMemcpy(dev->gpu_sets, dev->h_gpu_sets, n * sizeof(ZfColumnSet), cudaMemcpyHostToDevice));
     cudaCheck(cudaMemcpy(dev->cpu_tiles, dev->h_cpu_tiles, (n + 1) * sizeof(long long), cudaMemcpyHostToDevice));
     cudaCheck(cudaMemcpy(dev->gpu_chunks, dev->h_gpu_chunks, (n + 1) * sizeof(long long), cudaMemcpyHostToDevice));
+    cudaCheck(cudaMemcpy(dev->cpu_chunks, dev->h_cpu_chunks, (n + 1) * sizeof(long long), cudaMemcpyHostToDevice));
     cudaCheck(cudaMemcpy(dev->order, dev->h_order, dev->total_cols * sizeof(int), cudaMemcpyHostToDevice));
 }
 
@@ -584,6 +646,40 @@ static void zf_cuda_gpu_adam(void* ctx, const ZenFlow* zf, ZfAdamHyper h, int st
         cudaCheck(cudaGetLastError());
     }
     gpu_trace_end(span, 0, TRACE_COMPUTE, "GPU-side AdamW");
+}
+
+// spec 6, auto U: per matrix the sum of |g| over its GPU-owned elements (and, if cpu is not
+// NULL, its CPU-owned ones: with GPU accumulation they hold A), on the default stream after
+// the backward; the sums reach the host asynchronously, zf_cuda_abs_sums_wait hands them over
+static void zf_cuda_abs_sums(void* ctx, const ZenFlow* zf, double* sel, double* cpu) {
+    ZfCudaDevice* dev = (ZfCudaDevice*)ctx;
+    (void)zf;
+    const int n = dev->num_sets;
+    int span = gpu_trace_begin(0);
+    for (int side = 0; side < (cpu != NULL ? 2 : 1); side++) {
+        const ZfColumnSet* sets = side == 0 ? dev->gpu_sets : dev->cpu_sets;
+        const long long* chunks = side == 0 ? dev->gpu_chunks : dev->cpu_chunks;
+        long long total = (side == 0 ? dev->h_gpu_chunks : dev->h_cpu_chunks)[n];
+        if (total > 0) {
+            zf_abs_sum_partial_kernel<<<(unsigned)total, ZF_BLOCK>>>(dev->abs_partial, dev->grads, sets, chunks, n,
+                                                                     dev->order);
+            cudaCheck(cudaGetLastError());
+        }
+        zf_abs_sum_finalize_kernel<<<n, ZF_BLOCK>>>(dev->abs_out + side * n, dev->abs_partial, chunks);
+        cudaCheck(cudaGetLastError());
+    }
+    gpu_trace_end(span, 0, TRACE_COMPUTE, "auto U sums");
+    cudaCheck(cudaMemcpyAsync(dev->abs_host, dev->abs_out, 2 * n * sizeof(double), cudaMemcpyDeviceToHost, 0));
+    cudaCheck(cudaEventRecord(dev->abs_done, 0));
+    dev->abs_sel = sel;
+    dev->abs_cpu = cpu;
+}
+
+static void zf_cuda_abs_sums_wait(void* ctx) {
+    ZfCudaDevice* dev = (ZfCudaDevice*)ctx;
+    cudaCheck(cudaEventSynchronize(dev->abs_done));
+    memcpy(dev->abs_sel, dev->abs_host, dev->num_sets * sizeof(double));
+    if (dev->abs_cpu != NULL) { memcpy(dev->abs_cpu, dev->abs_host + dev->num_sets, dev->num_sets * sizeof(double)); }
 }
 
 // 4.4 (CPU accumulation: g_t, every step) and 4.6 (GPU accumulation: A, at the boundary):
@@ -786,6 +882,8 @@ static void zenflow_cuda_init(ZenFlow* zf, ZfCudaDevice* dev, float* params, flo
     be.moments_from_host = zf_cuda_moments_from_host;
     be.host_wait = zf_cuda_host_wait;
     be.host_blocks = zf_cuda_host_blocks;
+    be.abs_sums = zf_cuda_abs_sums;
+    be.abs_sums_wait = zf_cuda_abs_sums_wait;
     be.traces_device = 1;  // llmc/cuda_trace.cuh: event-timed spans
     zf_init(zf, cfg, model, be);
     const ZfConfig* c = &zf->cfg;
@@ -806,11 +904,13 @@ static void zenflow_cuda_init(ZenFlow* zf, ZfCudaDevice* dev, float* params, flo
     dev->gpu_sets = (ZfColumnSet*)cuda_malloc(n * sizeof(ZfColumnSet), "ZenFlow column sets");
     dev->cpu_tiles = (long long*)cuda_malloc((n + 1) * sizeof(long long), "ZenFlow column sets");
     dev->gpu_chunks = (long long*)cuda_malloc((n + 1) * sizeof(long long), "ZenFlow column sets");
+    dev->cpu_chunks = (long long*)cuda_malloc((n + 1) * sizeof(long long), "ZenFlow column sets");
     dev->order = (int*)cuda_malloc(dev->total_cols * sizeof(int), "ZenFlow column order");
     dev->h_cpu_sets = (ZfColumnSet*)calloc_check(n, sizeof(ZfColumnSet));
     dev->h_gpu_sets = (ZfColumnSet*)calloc_check(n, sizeof(ZfColumnSet));
     dev->h_cpu_tiles = (long long*)calloc_check(n + 1, sizeof(long long));
     dev->h_gpu_chunks = (long long*)calloc_check(n + 1, sizeof(long long));
+    dev->h_cpu_chunks = (long long*)calloc_check(n + 1, sizeof(long long));
     dev->h_order = (int*)calloc_check(dev->total_cols, sizeof(int));
 
     // the GPU's optimizer state (zero, like every moment before the first step)
@@ -821,6 +921,15 @@ static void zenflow_cuda_init(ZenFlow* zf, ZfCudaDevice* dev, float* params, flo
     cudaCheck(cudaMemset(dev->v, 0, g * sizeof(float)));
     dev->host_moments = (float*)malloc_check(g * sizeof(float));
     dev->scores = cuda_malloc(dev->max_cols * sizeof(float), "ZenFlow column scores");
+    if (c->update_interval == ZF_AUTO) {  // spec 6's sums: chunks of either side, at most
+        size_t most = (zf->gpu_capacity > zf->cpu_capacity ? zf->gpu_capacity : zf->cpu_capacity) / ZF_CHUNK + n;
+        dev->abs_partial = (double*)cuda_malloc(most * sizeof(double), "ZenFlow auto U sums");
+        dev->abs_out = (double*)cuda_malloc(2 * n * sizeof(double), "ZenFlow auto U sums");
+        dev->abs_host = (double*)calloc_check(2 * n, sizeof(double));
+        dev->abs_pinned = cudaHostRegister(dev->abs_host, 2 * n * sizeof(double), cudaHostRegisterDefault) == cudaSuccess;
+        if (!dev->abs_pinned) { cudaGetLastError(); }  // a pageable buffer: the copy is just not asynchronous
+    }
+    cudaCheck(cudaEventCreateWithFlags(&dev->abs_done, cudaEventDisableTiming));
     dev->score_partial = cuda_malloc((size_t)COLSUM_MAX_CHUNKS * dev->max_cols * sizeof(float),
                                      "ZenFlow column scores");
 
@@ -871,11 +980,13 @@ static void zenflow_cuda_free(ZenFlow* zf, ZfCudaDevice* dev) {
         cudaCheck(cudaEventDestroy(dev->stall_begin[i]));
         cudaCheck(cudaEventDestroy(dev->stall_end[i]));
     }
-    void* device_bufs[] = {dev->cpu_sets, dev->gpu_sets, dev->cpu_tiles, dev->gpu_chunks, dev->order,
-                           dev->m, dev->v, dev->scores, dev->score_partial};
+    cudaCheck(cudaEventDestroy(dev->abs_done));
+    if (dev->abs_pinned) { cudaCheck(cudaHostUnregister(dev->abs_host)); }
+    void* device_bufs[] = {dev->cpu_sets, dev->gpu_sets, dev->cpu_tiles, dev->gpu_chunks, dev->cpu_chunks, dev->order,
+                           dev->m, dev->v, dev->scores, dev->score_partial, dev->abs_partial, dev->abs_out};
     for (void* p : device_bufs) { cudaCheck(cudaFree(p)); }
-    void* host_bufs[] = {dev->h_cpu_sets, dev->h_gpu_sets, dev->h_cpu_tiles, dev->h_gpu_chunks, dev->h_order,
-                         dev->host_moments};
+    void* host_bufs[] = {dev->h_cpu_sets, dev->h_gpu_sets, dev->h_cpu_tiles, dev->h_gpu_chunks, dev->h_cpu_chunks,
+                         dev->h_order, dev->host_moments, dev->abs_host};
     for (void* p : host_bufs) { free(p); }
     memset(dev, 0, sizeof(*dev));
 }

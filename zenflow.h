@@ -24,7 +24,9 @@ The working copy of all parameters (what forward/backward read) stays in the mod
 layout on the GPU; the backend gathers/scatters columns between it and the packed buffers.
 
 Modes (spec 2): adamw = k 1 (the CPU owns nothing), offload = k 0, U 1, no overlap (the CPU
-owns every matrix element), zenflow = 0 < k < 1 with windows of U steps and overlap.
+owns every matrix element), zenflow = 0 < k < 1 with windows of U steps and overlap. With
+U = auto (spec 6, zf_auto_decide) each window closes when the CPU-owned columns' accumulated
+gradient has caught up with the GPU-owned ones' per-step gradient, or after U_max steps.
 
 Transport (spec 7), where the window's gradient sum A of the CPU-owned columns is formed:
   cpu:  every step the backend copies the CPU-owned gradient columns into a host staging
@@ -76,19 +78,22 @@ typedef enum { ZF_ACC_CPU = 0, ZF_ACC_GPU = 1 } ZfTransport;
 
 static const char* const zf_transport_names[2] = {"cpu", "gpu"};
 
+#define ZF_AUTO 0  // update_interval: auto (spec 6)
+
 typedef struct {
     ZfMode mode;
     double topk;          // k: fraction of each matrix's columns the GPU owns
-    int update_interval;  // U: steps per CPU window
+    int update_interval;  // U: steps per CPU window; ZF_AUTO: decided by spec 6 (Zen-auto)
     int select_interval;  // S: steps between reselections, 0 = select once
     int warmup;           // W: first W steps are synchronous offload
     int overlap;          // 1: the CPU's window update runs in the background
     int transport;        // ZF_ACC_CPU or ZF_ACC_GPU (spec 7)
+    int max_update_interval;  // U_max: with auto U, the longest window (spec 6)
 } ZfConfig;
 
-// defaults of spec section 2; S = 100 (see docs/zenflow_spec.md, section 2 [project])
+// defaults of spec sections 2 and 6; S = 100 (see docs/zenflow_spec.md, section 10)
 static inline ZfConfig zf_default_config(void) {
-    ZfConfig c = {ZF_MODE_ZENFLOW, 0.1, 4, 100, 0, 1, ZF_ACC_CPU};
+    ZfConfig c = {ZF_MODE_ZENFLOW, 0.1, 4, 100, 0, 1, ZF_ACC_CPU, 16};
     return c;
 }
 
@@ -100,6 +105,15 @@ static inline ZfConfig zf_effective_config(ZfConfig c) {
     if (c.mode == ZF_MODE_OFFLOAD) { c.topk = 0.0; c.update_interval = 1; c.select_interval = 0; c.overlap = 0; c.warmup = 0; }
     if (c.mode != ZF_MODE_ZENFLOW) { c.transport = ZF_ACC_CPU; }
     return c;
+}
+
+// "4", or "auto (at most 16)": U for the trainers' [optimizer] line
+static inline void zf_describe_interval(const ZfConfig* c, char* out, size_t size) {
+    if (c->update_interval == ZF_AUTO) {
+        snprintf(out, size, "auto (at most %d)", c->max_update_interval);
+    } else {
+        snprintf(out, size, "%d", c->update_interval);
+    }
 }
 
 // one weight matrix (spec 1): wte, wpe, or one layer's slice of qkvw/attprojw/fcw/fcprojw
@@ -158,6 +172,12 @@ typedef struct {
     // all of the GPU's moments (its packed m, v: vectors, then selected columns), and back
     void (*moments_to_host)(void* ctx, const struct ZenFlow* zf, float* m, float* v);
     void (*moments_from_host)(void* ctx, const struct ZenFlow* zf, const float* m, const float* v);
+    // auto U (spec 6), needed only then: starts summing |g| over the gradient buffer, per
+    // matrix i: sel[i] over its GPU-owned elements and, if cpu is not NULL, cpu[i] over its
+    // CPU-owned ones (with GPU accumulation they hold A). In double. Asynchronous where
+    // abs_sums_wait is not NULL: the sums are in sel, cpu once it has returned.
+    void (*abs_sums)(void* ctx, const struct ZenFlow* zf, double* sel, double* cpu);
+    void (*abs_sums_wait)(void* ctx);
     // optional: blocks until no copy into or out of this host buffer is in flight any more
     // (called by the updater thread as well as the main thread)
     void (*host_wait)(void* ctx, const float* host);
@@ -188,6 +208,7 @@ typedef struct {
     float* acc;          // A of the open window
     size_t n;            // CPU-owned elements
     int first;           // first step of the window: A = 0 + g_t
+    double* abs_sums;    // auto U: then, per matrix, the sum of |A| over its elements (or NULL)
 } ZfAccumulateJob;
 
 typedef struct ZenFlow {
@@ -239,6 +260,13 @@ typedef struct ZenFlow {
     int moved_columns;        // columns that changed owner at the last selection
     int num_selections;
     long groups_out, groups_in;  // transfer groups moved layer by layer so far (pipelining)
+    // auto U (spec 6): the evaluation at the end of step t decides whether t + 1 closes
+    double* c_sum;        // (num_matrices) sum of c over the open window's evaluated steps
+    double* sum_sel;      // (num_matrices) the step's sum of |g| over each matrix's GPU-owned
+    double* sum_cpu;      // (num_matrices) ... and of |A| over its CPU-owned elements
+    int close_next;       // the next step closes the window
+    int auto_pending;     // the sums of the last step are on their way (zf_auto_decide)
+    long auto_ticket;     // ... and, CPU accumulation, the updater job that computes sum_cpu
     double cpu_update_ms;     // duration of the last finished window update
     long long cpu_work_us;    // all CPU optimizer work so far (accumulations + updates), both
                               // threads add to it (atomically): read with zf_cpu_work_ms
@@ -265,7 +293,11 @@ static inline void zf_init(ZenFlow* zf, ZfConfig cfg, const GPT2Config* model, Z
     zf->last_select_step = -1;
     cfg = zf->cfg;
     if (cfg.topk < 0.0 || cfg.topk > 1.0) { zf_fail("flag -zk: topk ratio %g is not in [0, 1]", cfg.topk); }
-    if (cfg.update_interval < 1) { zf_fail("flag -zu: update interval must be >= 1"); }
+    if (cfg.update_interval < 0) { zf_fail("flag -zu: update interval must be >= 1, or auto"); }
+    if (cfg.max_update_interval < 1) { zf_fail("flag -zx: the longest window must be >= 1"); }
+    if (cfg.update_interval == ZF_AUTO && backend.abs_sums == NULL) {
+        zf_fail("-zu auto: this backend cannot measure the gradients it needs (no abs_sums)");
+    }
     if (cfg.transport != ZF_ACC_CPU && cfg.transport != ZF_ACC_GPU) {
         zf_fail("flag -za: transport %d is not cpu (0) or gpu (1)", cfg.transport);
     }
@@ -346,6 +378,10 @@ static inline void zf_init(ZenFlow* zf, ZfConfig cfg, const GPT2Config* model, Z
     zf->gpu_v_old = (float*)calloc_check(g, sizeof(float));
     zf->gpu_m_new = (float*)calloc_check(g, sizeof(float));
     zf->gpu_v_new = (float*)calloc_check(g, sizeof(float));
+    zf->c_sum = (double*)calloc_check(zf->num_matrices, sizeof(double));
+    zf->sum_sel = (double*)calloc_check(zf->num_matrices, sizeof(double));
+    zf->sum_cpu = (double*)calloc_check(zf->num_matrices, sizeof(double));
+    zf->auto_ticket = -1;
     if (cfg.overlap) {
         zf->updater = zf_updater_create(0);
         if (zf->updater == NULL) { zf_fail("could not start the CPU updater thread"); }
@@ -416,6 +452,15 @@ static inline void zf_accumulate_first(float* acc, const float* g, size_t n) {
     for (size_t i = 0; i < n; i++) { acc[i] = 0.0f + g[i]; }
 }
 
+// sum of |x[i]| over n floats, in double (auto U, spec 6); a static schedule, so the same
+// thread count gives the same sum
+static inline double zf_abs_sum(const float* x, size_t n) {
+    double sum = 0.0;
+#pragma omp parallel for schedule(static) reduction(+ : sum) if (n >= (1 << 16))
+    for (size_t i = 0; i < n; i++) { sum += fabs((double)x[i]); }
+    return sum;
+}
+
 // spec 4.4: A += g_t for the CPU-owned elements (CPU transport)
 static int zf_accumulate(void* arg) {
     ZfAccumulateJob* job = (ZfAccumulateJob*)arg;
@@ -425,6 +470,10 @@ static int zf_accumulate(void* arg) {
         zf_accumulate_first(job->acc, job->grads, job->n);
     } else {
         zf_cpu_accumulate(job->acc, job->grads, job->n);
+    }
+    for (int i = 0; job->abs_sums != NULL && i < job->zf->num_matrices; i++) {  // auto U: u's sums
+        const ZfMatrix* mat = &job->zf->matrices[i];
+        job->abs_sums[i] = zf_abs_sum(job->acc + mat->cpu_offset, (size_t)(mat->cols - mat->n_sel) * mat->rows);
     }
     double t1 = zf_now_ms();
     zf_add_cpu_work(job->zf, t0, t1);
@@ -669,6 +718,42 @@ static inline int zf_selects_at(const ZenFlow* zf, int t) {
     return first || due;
 }
 
+// spec 6, auto U: the evaluation of the last step (its sums were started in zf_step; waiting
+// for them one step later costs nothing: they were ready long ago). Matrix i is ready when
+// u = (sum |A| over its CPU-owned elements) / (its CPU-owned columns) >= the window's mean of
+// c = (sum |g| over its GPU-owned elements) / (its GPU-owned columns). Called before anything
+// needs to know whether the next step closes the window.
+static inline void zf_auto_decide(ZenFlow* zf) {
+    if (!zf->auto_pending) { return; }
+    zf->auto_pending = 0;
+    if (zf->backend.abs_sums_wait != NULL) { zf->backend.abs_sums_wait(zf->backend.ctx); }
+    zf_wait_ticket(zf, zf->auto_ticket);  // CPU accumulation: the job that summed |A|
+    zf->auto_ticket = -1;
+    const int n = zf->window_count;  // steps in the window so far, the evaluated one included
+    int ready = 0;
+    for (int i = 0; i < zf->num_matrices; i++) {
+        const ZfMatrix* mat = &zf->matrices[i];
+        const int unsel = mat->cols - mat->n_sel;
+        double c = mat->n_sel > 0 ? zf->sum_sel[i] / mat->n_sel : 0.0;  // no column: always ready
+        double u = unsel > 0 ? zf->sum_cpu[i] / unsel : 0.0;
+        zf->c_sum[i] += c;
+        ready += u >= zf->c_sum[i] / n;
+    }
+    int needed = (int)floor(0.99 * zf->num_matrices);
+    zf->close_next = ready >= (needed > 1 ? needed : 1);
+}
+
+// does the next step close the window? (spec 4.5: U steps; auto: decided by the last step,
+// or the window reaches U_max; warm-up: windows of one step)
+static inline int zf_next_step_closes(ZenFlow* zf, int warmup) {
+    const ZfConfig* cfg = &zf->cfg;
+    const int n = zf->window_count + 1;
+    if (warmup) { return 1; }
+    if (cfg->update_interval != ZF_AUTO) { return n >= cfg->update_interval; }
+    zf_auto_decide(zf);
+    return zf->close_next || n >= cfg->max_update_interval;
+}
+
 // CPU transport: the staging buffer for this step's gradient. With the updater working in
 // the background two take turns, and the job that read this one two steps ago must be done.
 static inline int zf_take_stage(ZenFlow* zf, int background) {
@@ -704,8 +789,7 @@ static inline void zf_before_backward(ZenFlow* zf, int t) {
     } else {
         // A leaves at the window's last step, into zf->acc: no job reads it any more (the
         // window job that read it last, as acc_job, was waited for at the previous boundary)
-        const int U = warmup ? 1 : cfg->update_interval;
-        if (zf->window_count + 1 < U) { return; }
+        if (!zf_next_step_closes(zf, warmup)) { return; }
         zf->early_dest = zf->acc;
     }
     zf->next_early_group = zf->num_groups - 1;
@@ -768,8 +852,10 @@ static inline void zf_step(ZenFlow* zf, int t, ZfAdamHyper hyper) {
 
     // the CPU's part of this step runs in the background (overlap), or here and now
     // (overlap off, and warm-up, which is synchronous offload: windows of one step)
-    const int U = warmup ? 1 : cfg->update_interval;
     const int background = cfg->overlap && !warmup;
+    const int auto_u = cfg->update_interval == ZF_AUTO && !warmup;
+    const int single = warmup || cfg->update_interval == 1 || (auto_u && cfg->max_update_interval == 1);
+    const int closes = zf_next_step_closes(zf, warmup);  // 4.5, known before the step's work
 
     // 4.4 accumulate: A += g_t on the CPU-owned elements, n += 1. `window_sum` is where the
     // window update will find A.
@@ -780,14 +866,15 @@ static inline void zf_step(ZenFlow* zf, int t, ZfAdamHyper hyper) {
         // (pipelining: most have left already, layer by layer, into the stage taken then)
         stage = zf->early_dest != NULL ? zf->early_stage : zf_take_stage(zf, background);
         zf_grads_to_host(zf, zf->grad_stage[stage]);
-        if (U == 1) {
+        if (single) {
             // a window of one step: A = 0 + g_t, which is g_t itself (a gradient is a sum that
             // starts from +0, so it is never -0, the one value 0 + g would change)
             window_sum = zf->grad_stage[stage];
         } else {
+            // (auto U, a step that does not close: the job also sums |A| for spec 6)
             ZfAccumulateJob* job = &zf->acc_jobs[stage];
             *job = ZfAccumulateJob{zf, zf->grad_stage[stage], zf->acc, zf->cpu_elems,
-                                   zf->window_count == 0};
+                                   zf->window_count == 0, auto_u && !closes ? zf->sum_cpu : NULL};
             zf_run_job(zf, background, zf_accumulate, job, &zf->stage_ticket[stage], s);
         }
     }
@@ -796,12 +883,26 @@ static inline void zf_step(ZenFlow* zf, int t, ZfAdamHyper hyper) {
     zf->window_count++;
 
     // 4.5 boundary? (warm-up: every step, synchronously)
-    if (zf->window_count < U) { return; }
+    if (!closes) {
+        if (auto_u) {
+            // spec 6: this step's sums start now; zf_auto_decide reads them one step later
+            int gpu_acc = cfg->transport == ZF_ACC_GPU;
+            be->abs_sums(be->ctx, zf, zf->sum_sel, gpu_acc ? zf->sum_cpu : NULL);
+            zf->auto_ticket = !gpu_acc && background ? zf->stage_ticket[stage] : -1;
+            zf->auto_pending = 1;
+        }
+        return;
+    }
 
     // 4.6 boundary: close the window; the next one starts with n = 0 (and its first
     // accumulation, or with GPU accumulation zf_before_backward, starts A from 0)
     const int n = zf->window_count;
     zf->window_count = 0;
+    if (auto_u) {
+        zf->close_next = 0;
+        memset(zf->c_sum, 0, zf->num_matrices * sizeof(double));
+        if (zf->selection_log != NULL) { fprintf(zf->selection_log, "win %d %d\n", t, n); }
+    }
     ZfAdamHyper cpu_hyper = hyper;  // every CPU-owned element is a matrix element: decay on
     if (!background) {
         // synchronous: update now, apply before the next forward
@@ -824,7 +925,7 @@ static inline void zf_step(ZenFlow* zf, int t, ZfAdamHyper hyper) {
     } else {
         // overlap: apply window w-1, then hand window w to the updater and go on training
         zf_wait_and_apply(zf);
-        if (cfg->transport == ZF_ACC_GPU || U > 1) {
+        if (cfg->transport == ZF_ACC_GPU || !single) {
             std::swap(zf->acc, zf->acc_job);  // freeze this window's A for the job
             window_sum = zf->acc_job;
         }
@@ -833,7 +934,7 @@ static inline void zf_step(ZenFlow* zf, int t, ZfAdamHyper hyper) {
         }
         zf->job = ZfWindowJob{zf, window_sum, n, s, cpu_hyper, 1, 0.0};
         zf->pending_ticket = zf_updater_submit(zf->updater, zf_window_update, &zf->job);
-        if (cfg->transport == ZF_ACC_CPU && U == 1) {
+        if (cfg->transport == ZF_ACC_CPU && single) {
             zf->stage_ticket[stage] = zf->pending_ticket;  // the job reads the staging buffer
         }
         zf->pending = 1;
@@ -848,6 +949,7 @@ static inline void zf_step(ZenFlow* zf, int t, ZfAdamHyper hyper) {
 static inline void zf_save_state(ZenFlow* zf, FILE* fp, const char* path) {
     zf_apply_pending(zf);  // (the trainer has done this before it saved the model's parameters)
     zf_wait(zf);  // every job has finished (a window update waiting to be applied stays pending)
+    zf_auto_decide(zf);  // auto U: the last step's evaluation, so that it is in the file
     const ZfBackend* be = &zf->backend;
     if (zf->window_count > 0 && zf->cfg.transport == ZF_ACC_GPU) {
         be->grads_to_host(be->ctx, zf, zf->acc, -1);  // A lives in the gradient buffer (spec 7)
@@ -873,6 +975,11 @@ static inline void zf_save_state(ZenFlow* zf, FILE* fp, const char* path) {
     const float* arrays[6] = {zf->gpu_m_old, zf->gpu_v_old, zf->master, zf->m, zf->v, zf->acc};
     size_t counts[6] = {g, g, c, c, c, c};
     for (int i = 0; i < 6; i++) { fwrite_check(arrays[i], sizeof(float), counts[i], fp, path); }
+    if (zf->cfg.update_interval == ZF_AUTO) {  // spec 6's state: U_max, the decision, the c sums
+        int auto_ints[2] = {zf->cfg.max_update_interval, zf->close_next};
+        fwrite_check(auto_ints, sizeof(int), 2, fp, path);
+        fwrite_check(zf->c_sum, sizeof(double), zf->num_matrices, fp, path);
+    }
 }
 
 // restores what zf_save_state wrote into a ZenFlow set up with zf_init for the same model;
@@ -896,7 +1003,8 @@ static inline void zf_load_state(ZenFlow* zf, FILE* fp, const char* path) {
                 c->warmup, c->overlap);
     }
     if (more[2] != zf->num_matrices) { zf_fail("%s: written for another model", path); }
-    if (ints[5] < 0 || ints[5] >= c->update_interval || (ints[6] != 0 && ints[6] != 1) ||
+    int longest = c->update_interval == ZF_AUTO ? c->max_update_interval : c->update_interval;
+    if (ints[5] < 0 || ints[5] >= longest || (ints[6] != 0 && ints[6] != 1) ||
         (ints[6] == 1 && !c->overlap) || more[0] < 0) {
         zf_fail("%s: corrupt window state (n=%d, pending=%d)", path, ints[5], ints[6]);
     }
@@ -929,6 +1037,19 @@ static inline void zf_load_state(ZenFlow* zf, FILE* fp, const char* path) {
     float* arrays[6] = {zf->gpu_m_new, zf->gpu_v_new, zf->master, zf->m, zf->v, zf->acc};
     size_t counts[6] = {g, g, n, n, n, n};
     for (int i = 0; i < 6; i++) { fread_check(arrays[i], sizeof(float), counts[i], fp, path); }
+    zf->auto_pending = 0;
+    zf->auto_ticket = -1;
+    if (c->update_interval == ZF_AUTO) {
+        int auto_ints[2];
+        fread_check(auto_ints, sizeof(int), 2, fp, path);
+        if (auto_ints[0] != c->max_update_interval) {
+            zf_fail("%s: written with -zx %d, but this run uses -zx %d (hint: resume with the same flags)", path,
+                    auto_ints[0], c->max_update_interval);
+        }
+        if (auto_ints[1] != 0 && auto_ints[1] != 1) { zf_fail("%s: corrupt auto-U state", path); }
+        zf->close_next = auto_ints[1];
+        fread_check(zf->c_sum, sizeof(double), zf->num_matrices, fp, path);
+    }
     const ZfBackend* be = &zf->backend;
     be->selection_changed(be->ctx, zf);
     be->moments_from_host(be->ctx, zf, zf->gpu_m_new, zf->gpu_v_new);
@@ -951,6 +1072,9 @@ static inline void zf_free(ZenFlow* zf) {
     free(zf->group_mats);
     free(zf->group_start);
     free(zf->all_mats);
+    free(zf->c_sum);
+    free(zf->sum_sel);
+    free(zf->sum_cpu);
     float* buffers[] = {zf->master, zf->m, zf->v, zf->acc, zf->acc_job, zf->grad_stage[0],
                         zf->grad_stage[1], zf->m_new, zf->v_new, zf->gpu_m_old, zf->gpu_v_old,
                         zf->gpu_m_new, zf->gpu_v_new};

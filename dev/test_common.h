@@ -5,7 +5,7 @@ dev/cuda/zenflow_async.cpp (CPU trainer) and test_gpt2.cu (CUDA trainer).
   - check() and the g_passed / g_failed counters behind each program's summary line;
   - max_errors / compare_tensor: a tensor against its reference, error relative to the tensor;
   - the case directories of scripts/make_test_refs.sh: read_case (case.txt "B T steps lr wd"),
-    read_zf_case (+ zenflow.txt "mode k U S W overlap"), read_losses / read_loss_file
+    read_zf_case (+ zenflow.txt "mode k U S W overlap [U_max]", U = 0: auto), read_losses / read_loss_file
     (losses.txt), read_selections (selections.txt, or a trainer's selection log);
   - compare_selections / check_selections: ZenFlow's column selections against the reference,
     with the NEAR-TIE detection;
@@ -97,10 +97,9 @@ static inline ZfCase read_zf_case(const char* dir) {
     snprintf(path, sizeof(path), "%s/zenflow.txt", dir);
     FILE* fp = fopen_check(path, "r");
     c.z = zf_default_config();
-    if (fscanf(fp, "%31s %lf %d %d %d %d", mode, &c.z.topk, &c.z.update_interval, &c.z.select_interval,
-               &c.z.warmup, &c.z.overlap) != 6) {
-        zf_fail("%s: expected 'mode k U S W overlap'", path);
-    }
+    int got = fscanf(fp, "%31s %lf %d %d %d %d %d", mode, &c.z.topk, &c.z.update_interval, &c.z.select_interval,
+                     &c.z.warmup, &c.z.overlap, &c.z.max_update_interval);
+    if (got != 6 && got != 7) { zf_fail("%s: expected 'mode k U S W overlap [U_max]' (U = 0: auto)", path); }
     fclose(fp);
     if (strcmp(mode, "adamw") == 0) { c.z.mode = ZF_MODE_ADAMW; }
     else if (strcmp(mode, "offload") == 0) { c.z.mode = ZF_MODE_OFFLOAD; }
@@ -181,6 +180,49 @@ static inline std::vector<Selection> read_selections(const char* path) {
     }
     fclose(fp);
     return out;
+}
+
+// auto U (spec 6): the windows a run closed, from the "win <t> <n>" lines of a selections file
+// or a trainer's selection log: (t, n) in step order
+static inline std::vector<std::pair<int, int>> read_windows(const char* path) {
+    std::vector<std::pair<int, int>> out;
+    FILE* fp = fopen_check(path, "r");
+    static char line[1 << 20];
+    while (fgets(line, sizeof(line), fp) != NULL) {
+        int t, n;
+        if (strncmp(line, "win ", 4) == 0) {
+            if (sscanf(line, "win %d %d", &t, &n) != 2) { zf_fail("%s: bad line %s", path, line); }
+            out.push_back({t, n});
+        }
+    }
+    fclose(fp);
+    return out;
+}
+
+// auto U: the windows of our log against the reference's, those that closed up to step
+// `up_to` (a selection near-tie sends the runs different ways after it). Checks and prints
+// one line when the reference has any.
+static inline void check_windows(const char* ours_path, const char* ref_path, int up_to, const char* indent) {
+    std::vector<std::pair<int, int>> ours = read_windows(ours_path), ref = read_windows(ref_path);
+    if (ref.empty()) { return; }
+    auto upto = [up_to](std::vector<std::pair<int, int>> w) {
+        w.erase(std::remove_if(w.begin(), w.end(), [up_to](std::pair<int, int> x) { return x.first > up_to; }), w.end());
+        return w;
+    };
+    ours = upto(ours);
+    ref = upto(ref);
+    int same = ours == ref;
+    printf("%sauto U windows: %zu closed (", indent, ref.size());
+    for (size_t i = 0; i < ref.size(); i++) { printf("%s%d", i ? " " : "", ref[i].second); }
+    printf(" steps)  %s\n", same ? "identical" : "DIFFER");
+    if (!same) {
+        printf("%s  ours:", indent);
+        for (auto& w : ours) { printf(" %d:%d", w.first, w.second); }
+        printf("\n%s  reference:", indent);
+        for (auto& w : ref) { printf(" %d:%d", w.first, w.second); }
+        printf("\n");
+    }
+    check(same, "auto U closed other windows than the reference");
 }
 
 // Compares our selections with the reference's (which holds every column's score).

@@ -76,6 +76,7 @@ static void test_against_reference(const char* dir) {
     // near-ties: reference scores within 1e-5 of the boundary score (see the top of this file)
     int tie_step = check_selections(read_selections(sel_path), read_selections(path), 1e-5, "  ",
                                     "selections differ from the reference");
+    check_windows(sel_path, path, tie_step, "  ");
     remove(sel_path);
     snprintf(path, sizeof(path), "%s/losses.txt", dir);
     std::vector<float> ref = read_loss_file(path);

@@ -802,6 +802,26 @@ static void cpu_params_from_host(void* ctx, const ZenFlow* zf, const float* host
     }
 }
 
+// auto U (spec 6): per matrix, the sum of |g| over its GPU-owned elements, and over its
+// CPU-owned ones (with -za gpu: A), in double (a static schedule: the same thread count gives
+// the same sums)
+static void cpu_abs_sums(void* ctx, const ZenFlow* zf, double* sel, double* cpu) {
+    const float* grads = ((CpuDevice*)ctx)->model->grads_memory;
+    for (int i = 0; i < zf->num_matrices; i++) {
+        const ZfMatrix* mat = &zf->matrices[i];
+        const int* order = mat->cols_by_owner;
+        double s = 0.0, c = 0.0;
+#pragma omp parallel for schedule(static) reduction(+ : s, c)
+        for (int o = 0; o < mat->rows; o++) {
+            const float* row = grads + mat->offset + (size_t)o * mat->cols;
+            for (int r = 0; r < mat->n_sel; r++) { s += fabs((double)row[order[r]]); }
+            for (int r = mat->n_sel; r < mat->cols; r++) { c += fabs((double)row[order[r]]); }
+        }
+        sel[i] = s;
+        if (cpu != NULL) { cpu[i] = c; }
+    }
+}
+
 // all GPU-side moments <-> zenflow.h's packed GPU layout (vectors, then selected columns)
 static void cpu_moments_to_host(void* ctx, const ZenFlow* zf, float* m, float* v) {
     CpuDevice* dev = (CpuDevice*)ctx;
@@ -848,6 +868,7 @@ void zenflow_cpu_init(ZenFlow* zf, CpuDevice* dev, GPT2* model, ZfConfig cfg) {
     be.params_from_host = cpu_params_from_host;
     be.moments_to_host = cpu_moments_to_host;
     be.moments_from_host = cpu_moments_from_host;
+    be.abs_sums = cpu_abs_sums;
     zf_init(zf, cfg, &model->config, be);
     dev->model = model;
     dev->gpu_m = (float*)calloc_check(model->num_parameters, sizeof(float));
@@ -990,9 +1011,11 @@ int main(int argc, char* argv[]) {
     zf.pipeline = args.pipeline;  // the passes below call the per-layer hooks
     model.zf = &zf;
     if (args.selection_log != NULL) { zf.selection_log = fopen_check(args.selection_log, "w"); }
-    printf("[optimizer] %s: topk %g, update interval %d, select interval %d, warm-up %d, overlap "
+    char interval[32];
+    zf_describe_interval(&zcfg, interval, sizeof(interval));
+    printf("[optimizer] %s: topk %g, update interval %s, select interval %d, warm-up %d, overlap "
            "%s, accumulation on the %s, transfers %s\n", zf_mode_names[zcfg.mode], zcfg.topk,
-           zcfg.update_interval, zcfg.select_interval, zcfg.warmup, zcfg.overlap ? "on" : "off",
+           interval, zcfg.select_interval, zcfg.warmup, zcfg.overlap ? "on" : "off",
            zf_transport_names[zcfg.transport], zf.pipeline ? "per layer" : "whole");
     printf("[memory] CPU side (master, m, v, 2 accumulators, staging, 2 scratch) %.1f MiB, "
            "GPU-side moments %.1f MiB (their share in zenflow.cuh's packed layout)\n",

@@ -59,7 +59,8 @@ static inline void train_args_usage(const char* program) {
             "ZenFlow (docs/zenflow_spec.md):\n"
             "  -zo <string> optimizer mode: adamw | offload | zenflow (default zenflow)\n"
             "  -zk <float>  topk ratio k: fraction of each matrix's columns on the GPU (default 0.1)\n"
-            "  -zu <int>    update interval U: steps per CPU window (default 4)\n"
+            "  -zu <int>    update interval U: steps per CPU window, or auto (spec 6; default 4)\n"
+            "  -zx <int>    with -zu auto: the longest window U_max (default 16)\n"
             "  -zs <int>    select interval S: steps between reselections, 0 = once (default 100)\n"
             "  -zw <int>    warm-up steps W of synchronous offload (default 0)\n"
             "  -zv <0|1>    overlap the CPU update with training (default 1)\n"
@@ -128,7 +129,16 @@ static inline void train_args_parse(TrainArgs* a, int argc, char* argv[]) {
                     else { zf_fail("flag -zo: '%s' is not a mode (adamw, offload or zenflow)", val); }
                     break;
                 case 'k': z->topk = zf_parse_double(flag, val, 0.0, 1.0); break;
-                case 'u': z->update_interval = (int)zf_parse_int(flag, val, 1, 1 << 20); break;
+                case 'u':  // a number of steps, or auto (spec 6)
+                    if (strcmp(val, "auto") == 0) {
+                        z->update_interval = ZF_AUTO;
+                    } else if (val[0] < '0' || val[0] > '9') {
+                        zf_fail("flag -zu: '%s' is neither a number of steps nor auto", val);
+                    } else {
+                        z->update_interval = (int)zf_parse_int(flag, val, 1, 1 << 20);
+                    }
+                    break;
+                case 'x': z->max_update_interval = (int)zf_parse_int(flag, val, 1, 1 << 20); break;
                 case 's': z->select_interval = (int)zf_parse_int(flag, val, 0, 1 << 30); break;
                 case 'w': z->warmup = (int)zf_parse_int(flag, val, 0, 1 << 30); break;
                 case 'v': z->overlap = (int)zf_parse_int(flag, val, 0, 1); break;

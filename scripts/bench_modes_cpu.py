@@ -165,7 +165,11 @@ def run_mode(args, model, mode, trace_path):
     total = args.skip + args.steps + 1
     cmd = [args.trainer, "-e", model, "-b", str(args.batch), "-t", str(args.seq),
            "-x", str(total), "-zo", mode, "-v", "0", "-s", "0",
-           "-tr", trace_path, "-tf", "1", "-tn", str(total)] + args.extra
+           "-tr", trace_path, "-tf", "1", "-tn", str(total)]
+    # -zp 0: each transfer in one piece after the backward. On the CPU trainer a "transfer" is
+    # a memcpy on the same cores, so doing it layer by layer inside the passes buys nothing,
+    # and it would hide the copies inside the forward and backward boxes of the table.
+    cmd += ["-zp", "0"] + args.extra
     print("running: " + " ".join(cmd), file=sys.stderr)
     t0, busy0, mine0 = time.time(), busy_cpu_seconds(), os.times()
     res = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

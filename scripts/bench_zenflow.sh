@@ -7,7 +7,7 @@
 #
 #   --quick     d12 and d48 only, the four main modes, 8 measured steps (what
 #               scripts/gpu_check.sh runs)
-#   --modes     which modes (default: all six below)
+#   --modes     which modes (default: all seven below)
 #   --bin       the trainer (default ./train_gpt2cu)
 #   --out       logs, models, data, results (default build/bench_zenflow)
 #   --budget    start no new run after this many seconds (default: none)
@@ -21,7 +21,8 @@
 # gradients go down), zenflow-gpu (the same, accumulating in the gradient buffer: one copy
 # down and one up per window); offload-whole and zenflow-cpu-whole: the same with -zp 0, each
 # transfer in one piece after the backward pass instead of layer by layer (what per-layer
-# pipelining buys). The numbers come from the trainer's per-step measurements
+# pipelining buys); zenflow-auto: -zu auto -za gpu (spec 6; windows of varying length, so no
+# PCIe formula). The numbers come from the trainer's per-step measurements
 # (-zm): ms/step (host clock), compute and stall ms (CUDA events on the default stream),
 # CPU optimizer work per step, PCIe bytes each way; averages over the measured steps.
 #
@@ -44,7 +45,7 @@ ARGS="$*"
 BIN=./train_gpt2cu
 OUT=build/bench_zenflow
 MODELS="d12 d24 d36 d48"
-MODES="adamw offload offload-whole zenflow-cpu zenflow-cpu-whole zenflow-gpu"
+MODES="adamw offload offload-whole zenflow-cpu zenflow-cpu-whole zenflow-gpu zenflow-auto"
 WARMUP=4
 STEPS=24
 BUDGET=0
@@ -60,7 +61,7 @@ while [ $# -gt 0 ]; do
         --warmup) WARMUP=$2; shift 2 ;;
         --steps) STEPS=$2; shift 2 ;;
         --no-gpu-check) NO_GPU_CHECK=1; shift ;;
-        -h|--help) sed -n '2,39p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,40p' "$0"; exit 0 ;;
         *) echo "bench_zenflow.sh: unknown argument $1 (hint: --help)" >&2; exit 2 ;;
     esac
 done
@@ -160,6 +161,7 @@ mode_flags() {
         zenflow-cpu) echo "-zo zenflow -zk $K -zu $U -za cpu" ;;
         zenflow-cpu-whole) echo "-zo zenflow -zk $K -zu $U -za cpu -zp 0" ;;
         zenflow-gpu) echo "-zo zenflow -zk $K -zu $U -za gpu" ;;
+        zenflow-auto) echo "-zo zenflow -zk $K -zu auto -za gpu" ;;
         *) echo "bench_zenflow.sh: unknown mode $1" >&2; exit 2 ;;
     esac
 }

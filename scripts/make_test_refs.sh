@@ -15,6 +15,8 @@
 #   zf_c  tiny, k=0.5  U=2 S=4 W=3 overlap on
 #   zf_d  tiny, offload;  zf_e tiny, adamw (through the same code path)
 #   zf_v  vocab, k=0.1 U=4 S=8 W=0 overlap on (the real vocabulary's wte)
+#   zf_f  tiny, k=0.1  U=auto S=8 W=0 overlap on : windows of 3 to 5 steps (spec 6)
+#   zf_g  tiny, k=0.05 U=auto (U_max 3) S=6 W=2 overlap off: every window hits U_max
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-/usr/bin/python3}
@@ -50,9 +52,9 @@ data_files.write_shard(sys.argv[1], np.asarray(tokens[:20000]))
 PY
 make_case vocab 4 32 10 1e-3 0.1 -- --layers 2 --channels 64 --heads 2 --vocab 50257 --max-seq-len 64 --seed 2
 
-# make_zf_case NAME BASE STEPS MODE K U S W OVERLAP
+# make_zf_case NAME BASE STEPS MODE K U S W OVERLAP [U_MAX]   (U = 0: auto, spec 6)
 make_zf_case() {
-    local name=$1 base=$2 steps=$3 mode=$4 k=$5 U=$6 S=$7 W=$8 overlap=$9
+    local name=$1 base=$2 steps=$3 mode=$4 k=$5 U=$6 S=$7 W=$8 overlap=$9 umax=${10:-16}
     local dir="$OUT/$name" src="$OUT/$base"
     mkdir -p "$dir"
     cp "$src/model.bin" "$src/train.bin" "$dir/"
@@ -60,10 +62,10 @@ make_zf_case() {
     echo "zenflow case $name: $mode k=$k U=$U S=$S W=$W overlap=$overlap, $steps steps"
     $PYTHON scripts/zenflow_reference.py --model "$dir/model.bin" --data "$dir/train.bin" -b "$B" -t "$T" \
         --steps "$steps" --lr "$lr" --wd "$wd" --mode "$mode" --topk "$k" --update-interval "$U" \
-        --select-interval "$S" --warmup "$W" --overlap "$overlap" \
+        --select-interval "$S" --warmup "$W" --overlap "$overlap" --max-update-interval "$umax" \
         --out "$dir/losses.txt" --selections "$dir/selections.txt"
     echo "$B $T $steps $lr $wd" > "$dir/case.txt"
-    echo "$mode $k $U $S $W $overlap" > "$dir/zenflow.txt"
+    echo "$mode $k $U $S $W $overlap $umax" > "$dir/zenflow.txt"
 }
 
 make_zf_case zf_a tiny 24 zenflow 0.1 4 8 0 1
@@ -72,3 +74,5 @@ make_zf_case zf_c tiny 20 zenflow 0.5 2 4 3 1
 make_zf_case zf_d tiny 12 offload 0 1 0 0 0
 make_zf_case zf_e tiny 12 adamw 1 1 0 0 0
 make_zf_case zf_v vocab 16 zenflow 0.1 4 8 0 1
+make_zf_case zf_f tiny 30 zenflow 0.1 0 8 0 1
+make_zf_case zf_g tiny 20 zenflow 0.05 0 6 2 0 3

@@ -46,7 +46,7 @@ skip_test() {
 }
 
 REFS="dev/test/ref/tiny dev/test/ref/vocab"
-ZF_REFS="dev/test/ref/zf_a dev/test/ref/zf_b dev/test/ref/zf_c dev/test/ref/zf_d dev/test/ref/zf_e dev/test/ref/zf_v"
+ZF_REFS="dev/test/ref/zf_a dev/test/ref/zf_b dev/test/ref/zf_c dev/test/ref/zf_d dev/test/ref/zf_e dev/test/ref/zf_v dev/test/ref/zf_f dev/test/ref/zf_g"
 
 run_test tokenizer "$PYTHON" scripts/test_tokenizer.py
 run_test reference "$PYTHON" scripts/test_reference.py

@@ -93,6 +93,8 @@ def main():
             ("negative lr", ["-l", "-1"], "-l"),
             ("lr not a number", ["-l", "nan"], "-l"),
             ("-zp out of range", ["-zp", "2"], "-zp"),
+            ("-zu neither a number nor auto", ["-zu", "often"], "-zu"),
+            ("-zx out of range", ["-zu", "auto", "-zx", "0"], "-zx"),
             ("-n without -o", ["-n", "5", "-o", None], "-o"),
             ("unknown model spec", ["-e", "d13"], "d13"),
             ("corrupt tokenizer", ["-k", os.path.join(tmp, "tokenizer_bad.bin")], "tokenizer_bad.bin"),

@@ -28,6 +28,7 @@ MODES = {
     "zenflow -za gpu": ["-zo", "zenflow", "-zk", "0.2", "-zu", "3", "-zs", "6", "-zv", "1", "-za", "gpu"],
     "zenflow warm-up, no overlap": ["-zo", "zenflow", "-zk", "0.1", "-zu", "2", "-zs", "4", "-zw", "2", "-zv", "0"],
     "offload, transfers whole (-zp 0)": ["-zo", "offload", "-zp", "0"],
+    "zenflow auto U": ["-zo", "zenflow", "-zk", "0.2", "-zu", "auto", "-zs", "6", "-za", "gpu"],
 }
 
 

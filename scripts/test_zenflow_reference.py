@@ -377,6 +377,81 @@ def test_h_overlap_timing_vs_numpy_oracle():
                 assert np.array_equal(seen[t][name].numpy(), p), (name, t)
 
 
+def test_auto_update_interval():
+    """Spec 6 against a numpy oracle of its text: the windows auto U closes on synthetic
+    gradients whose columns have very different scales (so that windows of several lengths
+    occur), with one selection at t = 0; and U_max = 1 is exactly U = 1."""
+    config = ref.GPTConfig(max_seq_len=8, vocab_size=11, n_layer=1, n_head=2, n_embd=8)
+    gen = torch.Generator().manual_seed(11)
+    model = ref.GPT(config)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
+    p0 = {name: p.detach().clone() for name, p in model.params.items()}
+    steps = 40
+    grads = []
+    for t in range(steps):
+        g = {}
+        for name, p in p0.items():
+            col_scale = torch.linspace(0.05, 3.0, p.shape[-1])
+            drift = 1.0 + 0.5 * math.sin(t / 3.0)  # the same sign for a while: A grows
+            g[name] = (torch.randn(p.shape, generator=gen) * 0.5 + drift) * col_scale
+        grads.append(g)
+    mxs = zr.list_matrices(config)
+    for U_max in (16, 3):
+        with torch.no_grad():
+            for name, p in model.params.items():
+                p.copy_(p0[name])
+        zf = zr.ZenFlow(model, zr.Settings(0.25, zr.AUTO, 0, 0, True, U_max), lr=1e-3, wd=0.0)
+        for t in range(steps):
+            zf.step(t, grads[t])
+        # the oracle: the selection of t = 0 (S = 0: never again) fixes the columns
+        sel = {mx.name: zf.gpu_cols[mx.name].numpy() for mx in mxs}
+        uns = {mx.name: zf.cpu_cols[mx.name].numpy() for mx in mxs}
+        windows, n, close_next = [], 0, False
+        A = {mx.name: 0 for mx in mxs}
+        c_sum = {mx.name: 0.0 for mx in mxs}
+        for t in range(steps):
+            for mx in mxs:
+                A[mx.name] = A[mx.name] + mx.of(grads[t]).numpy().astype(np.float32)
+            n += 1
+            if close_next or n >= U_max:
+                windows.append((t, n))
+                n, close_next = 0, False
+                A = {mx.name: 0 for mx in mxs}
+                c_sum = {mx.name: 0.0 for mx in mxs}
+                continue
+            ready = 0
+            for mx in mxs:
+                g = mx.of(grads[t]).numpy().astype(np.float64)
+                s_, u_ = sel[mx.name], uns[mx.name]
+                c = np.abs(g[:, s_]).sum(axis=0).mean() if len(s_) else 0.0
+                u = np.abs(np.asarray(A[mx.name], np.float64)[:, u_]).sum(axis=0).mean() if len(u_) else 0.0
+                c_sum[mx.name] += c
+                ready += u >= c_sum[mx.name] / n
+            close_next = ready >= max(1, math.floor(0.99 * len(mxs)))
+        assert zf.windows == windows, (U_max, zf.windows, windows)
+        # U_max = 16: the decisions close windows of several lengths, none reaches U_max;
+        # U_max = 3: every window is cut at U_max (the test data needs 4 steps or more)
+        lengths = sorted({w[1] for w in windows})
+        if U_max == 16:
+            assert len(lengths) >= 2 and 2 <= lengths[0] and lengths[-1] < U_max, lengths
+        else:
+            assert lengths == [U_max], lengths
+    # U_max = 1: every step closes its window, exactly as U = 1
+    runs = []
+    for st in (zr.Settings(0.25, zr.AUTO, 0, 0, False, 1), zr.Settings(0.25, 1, 0, 0, False)):
+        with torch.no_grad():
+            for name, p in model.params.items():
+                p.copy_(p0[name])
+        zf = zr.ZenFlow(model, st, lr=1e-3, wd=0.0)
+        for t in range(8):
+            zf.step(t, grads[t])
+        zf.finish()
+        runs.append({name: p.detach().clone() for name, p in model.params.items()})
+    assert all(torch.equal(runs[0][name], runs[1][name]) for name in runs[0])
+
+
 def test_window_mean_is_a_true_division():
     """4.6: G = A / n is a true fp32 division (a multiplication by 1/n rounds differently)."""
     rng = np.random.RandomState(1)
@@ -406,7 +481,8 @@ def test_determinism_and_cli_errors():
         assert code == 0, err
         outs.append((open(tmp(f"d{i}.txt")).read(), open(tmp(f"ds{i}.txt")).read()))
     assert outs[0] == outs[1]
-    for bad in (["--topk", "1.5"], ["--update-interval", "0"], ["--select-interval", "-1"],
+    for bad in (["--topk", "1.5"], ["--update-interval", "-1"], ["--max-update-interval", "0"],
+                ["--select-interval", "-1"],
                 ["--warmup", "-2"], ["--overlap", "2"], ["--model", tmp("missing.bin")],
                 ["-t", "64"]):
         code, _, err = run(ZF_SCRIPT, *args, *bad, "--out", tmp("bad.txt"), "--selections",

@@ -13,8 +13,11 @@ The comments cite the spec's section numbers; the code follows the spec's order.
 
     /usr/bin/python3 scripts/zenflow_reference.py --model M --data SHARD_GLOB -b B -t T \\
         --steps N --lr LR --wd WD --mode adamw|offload|zenflow [--topk 0.1] \\
-        [--update-interval 4] [--select-interval S] [--warmup 0] [--overlap 1] \\
-        --out LOSSES.txt --selections SEL.txt [--out-model FINAL.bin]
+        [--update-interval 4|0] [--max-update-interval 16] [--select-interval S] [--warmup 0] \\
+        [--overlap 1] --out LOSSES.txt --selections SEL.txt [--out-model FINAL.bin]
+
+--update-interval 0 is auto (spec 6, Zen-auto): a window closes when the CPU-owned columns'
+accumulated gradient has caught up with the GPU-owned ones', at most U_max steps.
 
 The three modes are one design (spec 2); adamw and offload ignore the zenflow flags:
   adamw    k = 1, U = 1, S = 0, W = 0, overlap off  (every element GPU-owned)
@@ -28,6 +31,8 @@ Outputs (written atomically, like gpt2_reference.py):
               (wte, wpe, qkvw.0..qkvw.{L-1}, attprojw.0.., fcw.0.., fcprojw.0..):
                   sel <t> <matrix_index> <name> <n_sel> : <col> <col> ...
                   scores <t> <matrix_index> : <score_0> ... <score_{IC-1}>     (%.9g)
+              and with auto U (spec 6) one line per closed window, in step order:
+                  win <t> <n>           (step t closed a window of n steps)
 
 Decisions where the spec leaves room:
   - --select-interval defaults to 0 (select once, at t = W). The spec asks for "a few
@@ -45,6 +50,11 @@ Decisions where the spec leaves room:
     window that is still open when training stops (n < U) are dropped, not applied.
   - With overlap the background job is computed at once, at its submission (its inputs are
     frozen then, spec 5); only its apply to the working copy is deferred.
+  - Auto U (spec 6; docs/zenflow_spec.md section 10 has the project's reading): the sums
+    sum_o |g[o, j]| and sum_o |A[o, j]| and their means are taken in float64; a matrix with
+    no selected column has c = 0 (it is always ready), one with no unselected column u = 0.
+    The first step of a window can never close it (nothing was evaluated before it), unless
+    U_max = 1.
 """
 
 import argparse
@@ -103,20 +113,24 @@ def list_matrices(config):
 @dataclass
 class Settings:
     k: float  # topk ratio: fraction of each matrix's columns that are GPU-owned
-    U: int  # update interval: steps per CPU accumulation window
+    U: int  # update interval: steps per CPU accumulation window; 0 = auto (spec 6)
     S: int  # select interval: steps between reselections, 0 = select once
     W: int  # warm-up steps: plain synchronous offload
     overlap: bool  # CPU update in the background, applied one window later
+    U_max: int = 16  # auto U: the longest window
 
 
-def settings_for_mode(mode, k=0.1, U=4, S=0, W=0, overlap=True):
+AUTO = 0  # Settings.U for the auto update interval (spec 6)
+
+
+def settings_for_mode(mode, k=0.1, U=4, S=0, W=0, overlap=True, U_max=16):
     """adamw and offload ignore the zenflow settings (spec 2)."""
     if mode == "adamw":
         return Settings(k=1.0, U=1, S=0, W=0, overlap=False)
     if mode == "offload":
         return Settings(k=0.0, U=1, S=0, W=0, overlap=False)
     if mode == "zenflow":
-        return Settings(k=k, U=U, S=S, W=W, overlap=overlap)
+        return Settings(k=k, U=U, S=S, W=W, overlap=overlap, U_max=U_max)
     raise ValueError(f"unknown mode {mode!r}")
 
 
@@ -182,6 +196,11 @@ class ZenFlow:
         self.pending = False
         self.last_selection = None  # step of the last selection
         self.selections = []  # (t, Matrix, selected columns list, scores tensor) per event
+        # auto U (spec 6): per matrix the sum of c_t over the open window's steps, whether
+        # the next step closes the window (decided at the end of this one), closed windows
+        self.c_sum = {mx.name: 0.0 for mx in self.matrices}
+        self.close_next = False
+        self.windows = []  # (t, n): step t closed a window of n steps (auto U only)
         # debug hook for the tests: called as on_migrate(self, "before" | "after") around
         # the migration of a selection event (after its drain)
         self.on_migrate = None
@@ -207,10 +226,19 @@ class ZenFlow:
         self.gpu_update(t, grads)
         # 4.4 accumulate
         self.accumulate(grads)
-        # 4.5 boundary? (fixed U)
-        if self.n < st.U:
+        # 4.5 boundary? Fixed U: n == U. Auto (spec 6): decided at the end of the previous
+        # step, or the window has reached U_max; if not, this step's end decides the next.
+        if st.U != AUTO:
+            if self.n < st.U:
+                return
+        elif not (self.close_next or self.n >= st.U_max):
+            self.close_next = self.auto_ready(grads)
             return
         # 4.6 boundary: this closes the window
+        if st.U == AUTO:
+            self.windows.append((t, self.n))
+            self.close_next = False
+            self.c_sum = {mx.name: 0.0 for mx in self.matrices}
         G = {mx.name: window_mean(self.A[mx.name], self.n) for mx in self.matrices}
         for mx in self.matrices:
             self.A[mx.name].zero_()
@@ -320,6 +348,24 @@ class ZenFlow:
             A[:, cols] = A[:, cols] + mx.of(grads)[:, cols]
         self.n += 1
 
+    # 6 auto update interval ------------------------------------------------------
+
+    def auto_ready(self, grads):
+        """Spec 6, at the end of a step that did not close its window (n steps so far): per
+        matrix c_t = mean over the selected columns j of sum_o |g_t[o, j]|, added to the
+        window's c_sum, and u = mean over the unselected columns of sum_o |A[o, j]|; the
+        matrix is ready when u >= c_sum / n. True (the next step closes the window) when at
+        least max(1, floor(0.99 * number of matrices)) are ready. In float64."""
+        ready = 0
+        for mx in self.matrices:
+            g = mx.of(grads).double()
+            sel, unsel = self.gpu_cols[mx.name], self.cpu_cols[mx.name]
+            c = g[:, sel].abs().sum(dim=0).mean().item() if len(sel) > 0 else 0.0
+            u = self.A[mx.name][:, unsel].double().abs().sum(dim=0).mean().item() if len(unsel) > 0 else 0.0
+            self.c_sum[mx.name] += c
+            ready += u >= self.c_sum[mx.name] / self.n
+        return ready >= max(1, math.floor(0.99 * len(self.matrices)))
+
     # 4.6 CPU update and apply ----------------------------------------------------
 
     def cpu_update(self, t, G):
@@ -408,8 +454,10 @@ def check_args(args):
     if args.mode == "zenflow":
         if not 0.0 <= args.topk <= 1.0:
             raise ref.FormatError("--topk", f"{args.topk} is outside [0, 1]")
-        if args.update_interval < 1:
-            raise ref.FormatError("--update-interval", f"{args.update_interval} < 1")
+        if args.update_interval < 0:
+            raise ref.FormatError("--update-interval", f"{args.update_interval} < 0", "0 is auto")
+        if args.max_update_interval < 1:
+            raise ref.FormatError("--max-update-interval", f"{args.max_update_interval} < 1")
         if args.select_interval < 0:
             raise ref.FormatError("--select-interval", f"{args.select_interval} < 0",
                                   "0 selects once")
@@ -434,7 +482,8 @@ def main(argv=None):
     p.add_argument("--eps", type=float, default=1e-8)
     p.add_argument("--mode", choices=["adamw", "offload", "zenflow"], required=True)
     p.add_argument("--topk", type=float, default=0.1, help="k (zenflow mode)")
-    p.add_argument("--update-interval", type=int, default=4, help="U (zenflow mode)")
+    p.add_argument("--update-interval", type=int, default=4, help="U, 0 = auto (zenflow mode)")
+    p.add_argument("--max-update-interval", type=int, default=16, help="U_max of auto U (spec 6)")
     p.add_argument("--select-interval", type=int, default=0,
                    help="S, 0 = select once (zenflow mode)")
     p.add_argument("--warmup", type=int, default=0, help="W (zenflow mode)")
@@ -455,7 +504,7 @@ def main(argv=None):
         print(str(e), file=sys.stderr)
         return 1
     st = settings_for_mode(args.mode, args.topk, args.update_interval, args.select_interval,
-                           args.warmup, bool(args.overlap))
+                           args.warmup, bool(args.overlap), args.max_update_interval)
 
     def on_step(t, loss):
         if not args.quiet:
@@ -464,7 +513,7 @@ def main(argv=None):
     losses, zf = train(model, loader, st, args.steps, args.lr, args.wd, args.beta1,
                        args.beta2, args.eps, on_step=on_step)
 
-    header = (f"# zenflow_reference.py mode={args.mode} k={st.k!r} U={st.U} S={st.S} "
+    header = (f"# zenflow_reference.py mode={args.mode} k={st.k!r} U={st.U} U_max={st.U_max} S={st.S} "
               f"W={st.W} overlap={int(st.overlap)} model={args.model} data={args.data} "
               f"B={args.B} T={args.T} steps={args.steps} lr={args.lr!r} wd={args.wd!r} "
               f"beta1={args.beta1!r} beta2={args.beta2!r} eps={args.eps!r} "
@@ -478,6 +527,7 @@ def main(argv=None):
                                   + [str(j) for j in cols]) + "\n")
         sel_lines.append(" ".join(["scores", str(t), str(mx.index), ":"]
                                   + [f"{x:.9g}" for x in scores.tolist()]) + "\n")
+    sel_lines += [f"win {t} {n}\n" for t, n in zf.windows]
     ref.write_atomic(args.selections, lambda f: f.write("".join(sel_lines).encode()))
     if args.out_model:
         ref.write_model(args.out_model, model)

@@ -14,7 +14,9 @@ Validation (tolerance 0 = bitwise unless said):
   - params_from_host (copy up + scatter) vs scatter_columns, GPU-owned columns untouched;
     also layer by layer (in the forward's order);
   - zero_grads(all = 0): the vectors and GPU-owned columns 0, the CPU-owned columns kept;
-  - moments_from_host then moments_to_host, grads_from_host: round trips.
+  - moments_from_host then moments_to_host, grads_from_host: round trips;
+  - abs_sums (auto U, spec 6): per matrix sum |g| over its GPU- and CPU-owned elements vs
+    double sums on the CPU, 1e-12 relative (double sums in another order).
 Timing (GPT-2 124M layout, k = 0.1 and k = 1): gather, scatter, selective AdamW against
 plain AdamW over the same elements, zeroing, and the copies over PCIe (pinned host memory).
 
@@ -111,12 +113,37 @@ static void validate(const char* spec, double k, uint64_t* rng) {
     ZfConfig cfg = zf_default_config();
     cfg.topk = k;
     cfg.overlap = 0;
+    cfg.update_interval = ZF_AUTO;  // (so that abs_sums has its buffers)
     ZenFlow zf;
     ZfCudaDevice dev;
     zenflow_cuda_init(&zf, &dev, d_params, d_grads, &c, cfg);
     const ZfBackend* be = &zf.backend;
     random_ownership(&zf, rng);
     const size_t g = zf.vector_elems + zf.gpu_sel_elems, ce = zf.cpu_elems;
+
+    // spec 6 sums, before anything changes the gradients
+    {
+        std::vector<double> sel(zf.num_matrices, -1.0), cpu(zf.num_matrices, -1.0);
+        be->abs_sums(be->ctx, &zf, sel.data(), cpu.data());
+        be->abs_sums_wait(be->ctx);
+        double worst = 0.0;
+        for (int i = 0; i < zf.num_matrices; i++) {
+            const ZfMatrix* mat = &zf.matrices[i];
+            double want_sel = 0.0, want_cpu = 0.0;
+            for (int o = 0; o < mat->rows; o++) {
+                for (int r = 0; r < mat->cols; r++) {
+                    double x = fabs((double)h_grads[mat->offset + (size_t)o * mat->cols + mat->cols_by_owner[r]]);
+                    (r < mat->n_sel ? want_sel : want_cpu) += x;
+                }
+            }
+            worst = std::max(worst, fabs(sel[i] - want_sel) / std::max(want_sel, 1e-300));
+            worst = std::max(worst, fabs(cpu[i] - want_cpu) / std::max(want_cpu, 1e-300));
+        }
+        printf("  %-44s max rel err %.2e (tol 1e-12)  %s\n", "abs_sums (auto U) vs double sums", worst,
+               worst <= 1e-12 ? "ok" : "FAIL");
+        g_checks++;
+        g_failures += !(worst <= 1e-12);
+    }
 
     // 4.2.2 column scores
     double worst = 0.0;

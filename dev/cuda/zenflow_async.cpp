@@ -69,6 +69,9 @@ static void lazy_column_scores(void* ctx, const ZfMatrix* mat, float* scores) {
 }
 static void lazy_selection_changed(void* ctx, const ZenFlow* zf) { cpu_selection_changed(&((LazyDevice*)ctx)->cpu, zf); }
 static void lazy_zero_grads(void* ctx, const ZenFlow* zf, int all) { cpu_zero_grads(&((LazyDevice*)ctx)->cpu, zf, all); }
+static void lazy_abs_sums(void* ctx, const ZenFlow* zf, double* sel, double* cpu) {
+    cpu_abs_sums(&((LazyDevice*)ctx)->cpu, zf, sel, cpu);
+}
 static void lazy_gpu_adam(void* ctx, const ZenFlow* zf, ZfAdamHyper h, int step) {
     cpu_gpu_adam(&((LazyDevice*)ctx)->cpu, zf, h, step);
 }
@@ -190,6 +193,7 @@ static void lazy_init(ZenFlow* zf, LazyDevice* dev, GPT2* model, ZfConfig cfg, i
     be.params_from_host = lazy_params_from_host;
     be.moments_to_host = lazy_moments_to_host;
     be.moments_from_host = lazy_moments_from_host;
+    be.abs_sums = lazy_abs_sums;
     be.host_wait = lazy_host_wait;
     zf->backend = be;  // nothing has called the backend yet
 }
@@ -309,6 +313,7 @@ static void test_case(const char* dir) {
     // boundary score are reported, and losses are compared up to the first one (tie_step)
     int tie_step, events;
     int ok = compare_selections(read_selections(sel_path), read_selections(path), 1e-5, "    ", &tie_step, &events);
+    check_windows(sel_path, path, tie_step, "    ");
     remove(sel_path);
     printf("  %-66s %s\n", "-za gpu, selections vs the reference", ok ? "identical (or near-ties)" : "DIFFER");
     check(ok, "-za gpu: selections differ from the reference");
@@ -330,7 +335,8 @@ static void test_invariants(const char* dir) {
     ZfCase c = read_zf_case(dir);
     printf("== more settings on %s: late copies == early copies (and == the CPU backend with -za cpu)\n", dir);
     struct { double k; int U, S, W, overlap; } more[] = {
-        {0.1, 1, 4, 0, 1}, {0.2, 2, 4, 1, 1}, {0.0, 2, 4, 0, 1}, {0.3, 5, 0, 0, 1}, {0.1, 3, 3, 2, 0}};
+        {0.1, 1, 4, 0, 1}, {0.2, 2, 4, 1, 1}, {0.0, 2, 4, 0, 1}, {0.3, 5, 0, 0, 1}, {0.1, 3, 3, 2, 0},
+        {0.1, ZF_AUTO, 6, 0, 1}, {0.2, ZF_AUTO, 4, 1, 0}};  // (U = 0: auto, spec 6)
     for (auto& m : more) {
         for (int tr = 0; tr < 2; tr++) {
             ZfConfig z = zf_default_config();
@@ -407,6 +413,31 @@ static void test_invariants(const char* dir) {
         report_same(same_run(sync, run(dir, &c, z, LATE, NULL, 4)), what, REPORT_WIDTH);
         snprintf(what, sizeof(what), "... per-layer transfers, checkpoint after step 4 (mid-apply), resumed");
         report_same(same_run(sync, run(dir, &c, z, LATE, NULL, 4, 1)), what, REPORT_WIDTH);
+        // auto U (spec 6): the decision of the step before a checkpoint, and the window's c
+        // sums, are part of the state
+        z = zf_default_config();
+        z.update_interval = ZF_AUTO;
+        z.select_interval = 6;
+        z.transport = tr;
+        char win_path[] = "/tmp/zf_async_windows_XXXXXX";
+        int fd = mkstemp(win_path);
+        if (fd < 0) { zf_fail("mkstemp failed"); }
+        close(fd);
+        Run autou = run(dir, &c, z, LATE, win_path, 0, 1);
+        std::vector<std::pair<int, int>> windows = read_windows(win_path);
+        remove(win_path);
+        check(windows.size() >= 2, "auto U closed fewer than 2 windows: the checkpoint test needs more steps");
+        // resume right after a closing decision (the saved decision is "close"), and inside
+        // the longest window after its first and second steps (there the window's c sums
+        // carry the decision)
+        std::pair<int, int> longest = {1, 1};
+        for (auto& w : windows) { longest = w.second > longest.second ? w : longest; }
+        int start = longest.first - longest.second + 1;
+        for (int save_at : {windows.empty() ? 1 : windows[0].first, start + 1, start + 2}) {
+            snprintf(what, sizeof(what), "zenflow U=auto S=6 overlap -za %s, checkpoint after step %d, resumed",
+                     zf_transport_names[tr], save_at);
+            report_same(same_run(autou, run(dir, &c, z, LATE, NULL, save_at, 1)), what, REPORT_WIDTH);
+        }
     }
 }
 
