@@ -34,7 +34,7 @@ endif
 
 HEADERS = $(wildcard llmc/*.h) cpu_adam.h zenflow.h
 
-.PHONY: all test run data deps refs clean bench bench_zenflow cuda_dev fuzz emu
+.PHONY: all test run data deps refs gpu_refs clean bench bench_zenflow cuda_dev fuzz emu
 all: $(CPU_BINS) $(CUDA_BINS)
 
 cpu_adam.o: cpu_adam.cpp cpu_adam.h
@@ -139,6 +139,10 @@ data: deps
 # PyTorch reference outputs for the tests; regenerated when the scripts change
 REF_DIR = dev/test/ref
 refs: $(REF_DIR)/.stamp
+# the reference cases a lent GPU machine needs, in one folder under the carry limit (no vocab)
+gpu_refs: refs
+	rm -rf build/gpu_refs && mkdir -p build/gpu_refs
+	cp -r $(REF_DIR)/tiny $(REF_DIR)/zf_* build/gpu_refs/
 $(REF_DIR)/.stamp: scripts/make_test_refs.sh scripts/gpt2_reference.py scripts/zenflow_reference.py
 	bash scripts/make_test_refs.sh $(REF_DIR)
 	touch $@
