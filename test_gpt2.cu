@@ -304,9 +304,7 @@ static void test_zenflow_case(const char* dir) {
         z.transport = tr;
         printf("  -za %s\n", zf_transport_names[tr]);
         char sel_path[] = "/tmp/zf_gpu_selections_XXXXXX";
-        int fd = mkstemp(sel_path);
-        if (fd < 0) { zf_fail("mkstemp failed"); }
-        close(fd);
+        make_temp_file(sel_path);
         ZfRun run = zf_run(dir, &c, z, -1, sel_path);
         int tie_step = check_selections(read_selections(sel_path), ref_sel, ZF_NEAR_TIE, "    ",
                                         "ZenFlow selections differ from the reference");
@@ -435,14 +433,11 @@ static void test_zenflow_invariants(const char* dir) {
         z.select_interval = 6;
         z.transport = tr;
         char log_path[] = "/tmp/zf_gpu_windows_XXXXXX";
-        int fd = mkstemp(log_path);
-        if (fd < 0) { zf_fail("mkstemp failed"); }
-        close(fd);
+        make_temp_file(log_path);
         ZfRun first = zf_run(dir, &c, z, -1, log_path);
         std::vector<std::pair<int, int>> windows = read_windows(log_path);
         remove(log_path);
-        std::pair<int, int> longest = {1, 1};
-        for (auto& w : windows) { longest = w.second > longest.second ? w : longest; }
+        std::pair<int, int> longest = longest_window(windows);
         setenv("ZF_UPDATER_DELAY_US", "3000", 1);
         ZfRun delayed = zf_run(dir, &c, z, -1, NULL);
         unsetenv("ZF_UPDATER_DELAY_US");

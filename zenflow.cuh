@@ -323,6 +323,18 @@ __global__ void zf_scatter_columns_kernel(float* __restrict__ full,          // 
     zf_scatter_store(t, order, full, threadIdx.x, threadIdx.y, tile);
 }
 
+// the sum of every thread's `mine` over a block of ZF_BLOCK threads, added up in a fixed tree
+// (the same order every run); `shared` holds ZF_BLOCK doubles
+__device__ inline double zf_block_sum(double* shared, double mine) {
+    shared[threadIdx.x] = mine;
+    __syncthreads();
+    for (int half = ZF_BLOCK / 2; half > 0; half /= 2) {
+        if ((int)threadIdx.x < half) { shared[threadIdx.x] += shared[threadIdx.x + half]; }
+        __syncthreads();
+    }
+    return shared[0];
+}
+
 // spec 6 (auto U), pass 1: partial[b] = sum of |g| over chunk b of the column sets (their
 // elements taken row by row, as in the AdamW kernel), in double, added up in a fixed tree
 __global__ void zf_abs_sum_partial_kernel(double* __restrict__ partial,      // (chunks)
@@ -344,13 +356,8 @@ __global__ void zf_abs_sum_partial_kernel(double* __restrict__ partial,      // 
             mine += fabs((double)grads[at]);
         }
     }
-    sum[threadIdx.x] = mine;
-    __syncthreads();
-    for (int half = ZF_BLOCK / 2; half > 0; half /= 2) {
-        if ((int)threadIdx.x < half) { sum[threadIdx.x] += sum[threadIdx.x + half]; }
-        __syncthreads();
-    }
-    if (threadIdx.x == 0) { partial[blockIdx.x] = sum[0]; }
+    double total = zf_block_sum(sum, mine);
+    if (threadIdx.x == 0) { partial[blockIdx.x] = total; }
 }
 
 // pass 2, one block per set: out[s] = the sum of set s's partials (0 for an empty set)
@@ -361,13 +368,8 @@ __global__ void zf_abs_sum_finalize_kernel(double* __restrict__ out, const doubl
     for (long long b = chunk_start[blockIdx.x] + threadIdx.x; b < chunk_start[blockIdx.x + 1]; b += ZF_BLOCK) {
         mine += partial[b];
     }
-    sum[threadIdx.x] = mine;
-    __syncthreads();
-    for (int half = ZF_BLOCK / 2; half > 0; half /= 2) {
-        if ((int)threadIdx.x < half) { sum[threadIdx.x] += sum[threadIdx.x + half]; }
-        __syncthreads();
-    }
-    if (threadIdx.x == 0) { out[blockIdx.x] = sum[0]; }
+    double total = zf_block_sum(sum, mine);
+    if (threadIdx.x == 0) { out[blockIdx.x] = total; }
 }
 
 // ----------------------------------------------------------------------------

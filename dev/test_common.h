@@ -21,6 +21,7 @@ train_gpt2.cu): it uses the trainer's fopen_check, zf_fail and ZenFlow's ZfConfi
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <functional>
@@ -182,6 +183,13 @@ static inline std::vector<Selection> read_selections(const char* path) {
     return out;
 }
 
+// a new empty file named after a mkstemp template such as "/tmp/zf_XXXXXX" (filled in place)
+static inline void make_temp_file(char* path_template) {
+    int fd = mkstemp(path_template);
+    if (fd < 0) { zf_fail("mkstemp %s failed", path_template); }
+    close(fd);
+}
+
 // auto U (spec 6): the windows a run closed, from the "win <t> <n>" lines of a selections file
 // or a trainer's selection log: (t, n) in step order
 static inline std::vector<std::pair<int, int>> read_windows(const char* path) {
@@ -197,6 +205,13 @@ static inline std::vector<std::pair<int, int>> read_windows(const char* path) {
     }
     fclose(fp);
     return out;
+}
+
+// auto U: (t, n) of the longest window in `windows` (the first of equal ones; {1, 1} if none)
+static inline std::pair<int, int> longest_window(const std::vector<std::pair<int, int>>& windows) {
+    std::pair<int, int> longest = {1, 1};
+    for (auto& w : windows) { longest = w.second > longest.second ? w : longest; }
+    return longest;
 }
 
 // auto U: the windows of our log against the reference's, those that closed up to step

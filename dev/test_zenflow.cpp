@@ -67,9 +67,7 @@ static void test_against_reference(const char* dir) {
            zf_mode_names[c.z.mode], c.z.topk, c.z.update_interval,
            c.z.select_interval, c.z.warmup, c.z.overlap, c.s.steps);
     char sel_path[] = "/tmp/zf_selections_XXXXXX";
-    int fd = mkstemp(sel_path);
-    if (fd < 0) { zf_fail("mkstemp failed"); }
-    close(fd);
+    make_temp_file(sel_path);
     std::vector<float> ours = run(dir, &c, c.z, sel_path);
     char path[4096];
     snprintf(path, sizeof(path), "%s/selections.txt", dir);

@@ -331,18 +331,25 @@ def oracle_matrix(p0, grads, k, U, W, overlap):
     return seen
 
 
-def test_h_overlap_timing_vs_numpy_oracle():
-    """(h) Synthetic gradients (columns of very different sizes) straight into ZenFlow.step;
-    the working copy after every step and after the drain equals an independent numpy
-    simulation of spec 4 to the bit (windows, true-division mean, s of the boundary step,
-    one-window-late apply, warm-up then migration, a partial last window not applied)."""
+def small_model(seed):
+    """A one-layer GPT with random parameters for the synthetic-gradient tests: (config,
+    model, a copy of its parameters, the generator to go on drawing from)."""
     config = ref.GPTConfig(max_seq_len=8, vocab_size=11, n_layer=1, n_head=2, n_embd=8)
-    gen = torch.Generator().manual_seed(7)
+    gen = torch.Generator().manual_seed(seed)
     model = ref.GPT(config)
     with torch.no_grad():
         for p in model.parameters():
             p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
     p0 = {name: p.detach().clone() for name, p in model.params.items()}
+    return config, model, p0, gen
+
+
+def test_h_overlap_timing_vs_numpy_oracle():
+    """(h) Synthetic gradients (columns of very different sizes) straight into ZenFlow.step;
+    the working copy after every step and after the drain equals an independent numpy
+    simulation of spec 4 to the bit (windows, true-division mean, s of the boundary step,
+    one-window-late apply, warm-up then migration, a partial last window not applied)."""
+    config, model, p0, gen = small_model(7)
     steps = 9
     grads = []
     for _ in range(steps):
@@ -381,13 +388,7 @@ def test_auto_update_interval():
     """Spec 6 against a numpy oracle of its text: the windows auto U closes on synthetic
     gradients whose columns have very different scales (so that windows of several lengths
     occur), with one selection at t = 0; and U_max = 1 is exactly U = 1."""
-    config = ref.GPTConfig(max_seq_len=8, vocab_size=11, n_layer=1, n_head=2, n_embd=8)
-    gen = torch.Generator().manual_seed(11)
-    model = ref.GPT(config)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
-    p0 = {name: p.detach().clone() for name, p in model.params.items()}
+    config, model, p0, gen = small_model(11)
     steps = 40
     grads = []
     for t in range(steps):

@@ -299,9 +299,7 @@ static void test_case(const char* dir) {
     ZfConfig z = c.z;
     z.transport = ZF_ACC_GPU;
     char sel_path[] = "/tmp/zf_async_selections_XXXXXX";
-    int fd = mkstemp(sel_path);
-    if (fd < 0) { zf_fail("mkstemp failed"); }
-    close(fd);
+    make_temp_file(sel_path);
     Run late = run(dir, &c, z, LATE, sel_path);
     Run early = run(dir, &c, z, EARLY, NULL);
     report_same(same_run(late, early), "-za gpu, late copies == early copies", REPORT_WIDTH);
@@ -420,9 +418,7 @@ static void test_invariants(const char* dir) {
         z.select_interval = 6;
         z.transport = tr;
         char win_path[] = "/tmp/zf_async_windows_XXXXXX";
-        int fd = mkstemp(win_path);
-        if (fd < 0) { zf_fail("mkstemp failed"); }
-        close(fd);
+        make_temp_file(win_path);
         Run autou = run(dir, &c, z, LATE, win_path, 0, 1);
         std::vector<std::pair<int, int>> windows = read_windows(win_path);
         remove(win_path);
@@ -430,8 +426,7 @@ static void test_invariants(const char* dir) {
         // resume right after a closing decision (the saved decision is "close"), and inside
         // the longest window after its first and second steps (there the window's c sums
         // carry the decision)
-        std::pair<int, int> longest = {1, 1};
-        for (auto& w : windows) { longest = w.second > longest.second ? w : longest; }
+        std::pair<int, int> longest = longest_window(windows);
         int start = longest.first - longest.second + 1;
         for (int save_at : {windows.empty() ? 1 : windows[0].first, start + 1, start + 2}) {
             snprintf(what, sizeof(what), "zenflow U=auto S=6 overlap -za %s, checkpoint after step %d, resumed",
