@@ -675,6 +675,7 @@ int main(int argc, char* argv[]) {
                model.mean_loss, ms, B * T / (ms / 1e3), st.stall_ms, (st.d2h_bytes + st.h2d_bytes) / 1e6);
         if (zcfg.mode != ZF_MODE_ADAMW) { printf(" | cpu %.1f ms", zf.cpu_update_ms); }
         if (zcfg.mode == ZF_MODE_ZENFLOW) { printf(" | moved %d", zf.moved_columns); }
+        if (zcfg.update_interval == ZF_AUTO && zf.closed_window > 0) { printf(" | window %d", zf.closed_window); }
         printf("\n");
         if (logfile) { fprintf(logfile, "s:%d trl:%f\n", step + 1, model.mean_loss); fflush(logfile); }
         if (metrics) {

@@ -265,6 +265,7 @@ typedef struct ZenFlow {
     double* sum_sel;      // (num_matrices) the step's sum of |g| over each matrix's GPU-owned
     double* sum_cpu;      // (num_matrices) ... and of |A| over its CPU-owned elements
     int close_next;       // the next step closes the window
+    int closed_window;    // steps in the window the last zf_step closed (0: it closed none)
     int auto_pending;     // the sums of the last step are on their way (zf_auto_decide)
     long auto_ticket;     // ... and, CPU accumulation, the updater job that computes sum_cpu
     double cpu_update_ms;     // duration of the last finished window update
@@ -856,6 +857,7 @@ static inline void zf_step(ZenFlow* zf, int t, ZfAdamHyper hyper) {
     const int auto_u = cfg->update_interval == ZF_AUTO && !warmup;
     const int single = warmup || cfg->update_interval == 1 || (auto_u && cfg->max_update_interval == 1);
     const int closes = zf_next_step_closes(zf, warmup);  // 4.5, known before the step's work
+    zf->closed_window = 0;
 
     // 4.4 accumulate: A += g_t on the CPU-owned elements, n += 1. `window_sum` is where the
     // window update will find A.
@@ -898,6 +900,7 @@ static inline void zf_step(ZenFlow* zf, int t, ZfAdamHyper hyper) {
     // accumulation, or with GPU accumulation zf_before_backward, starts A from 0)
     const int n = zf->window_count;
     zf->window_count = 0;
+    zf->closed_window = n;
     if (auto_u) {
         zf->close_next = 0;
         memset(zf->c_sum, 0, zf->num_matrices * sizeof(double));

@@ -6,7 +6,9 @@
 #
 #   bash scripts/accuracy.sh [steps]        (default 200; about 2 s a step on 2 cores)
 #
-# Logs go to build/accuracy/<mode>.log.
+# Modes: adamw, offload, zenflow (k 0.1, U 4) and zenflow-auto (-zu auto, spec 6). Logs go to
+# build/accuracy/<mode>.log; RUN="zenflow-auto" trains only the modes named (the table is
+# made from every log there), SUMMARY_ONLY=1 none.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STEPS=${1:-200}
@@ -14,10 +16,18 @@ OUT=build/accuracy
 mkdir -p "$OUT"
 make -s train_gpt2cpu data >/dev/null
 COMMON=(-e d4c256h4 -b 4 -t 64 -x "$STEPS" -l 1e-3 -c 0.1 -v "$STEPS" -m 32 -s 0)
+MODES="adamw offload zenflow zenflow-auto"
+flags() {
+    case $1 in
+        zenflow-auto) echo "-zo zenflow -zu auto" ;;
+        *) echo "-zo $1" ;;
+    esac
+}
 if [ "${SUMMARY_ONLY:-0}" != 1 ]; then
-    for mode in adamw offload zenflow; do
+    for mode in ${RUN:-$MODES}; do
         echo "training $mode ($STEPS steps)..." >&2
-        ./train_gpt2cpu "${COMMON[@]}" -zo "$mode" > "$OUT/$mode.log"
+        # shellcheck disable=SC2046
+        ./train_gpt2cpu "${COMMON[@]}" $(flags "$mode") > "$OUT/$mode.log"
     done
 fi
 
@@ -31,13 +41,14 @@ summary() {
 }
 echo
 echo "accuracy: d4c256h4 on tinyshakespeare, B=4 T=64, $STEPS steps, lr 1e-3, wd 0.1"
-echo "(zenflow: k 0.1, U 4, S 100, overlap on)"
-printf "| %-8s | %-26s | %-14s | %-16s |\n" mode "train loss (last 20 steps)" "final val loss" "val vs adamw"
-printf "| %-8s | %-26s | %-14s | %-16s |\n" -------- -------------------------- -------------- ----------------
+echo "(zenflow: k 0.1, U 4, S 100, overlap on; zenflow-auto: the same with U = auto, at most 16)"
+printf "| %-12s | %-26s | %-14s | %-16s |\n" mode "train loss (last 20 steps)" "final val loss" "val vs adamw"
+printf "| %-12s | %-26s | %-14s | %-16s |\n" ------------ -------------------------- -------------- ----------------
 base=""
-for mode in adamw offload zenflow; do
+for mode in $MODES; do
+    [ -f "$OUT/$mode.log" ] || continue
     read -r _ train val < <(summary "$mode")
     [ -z "$base" ] && base=$val
     rel=$(awk -v a="$val" -v b="$base" 'BEGIN { printf "%+.2f%%", 100 * (a - b) / b }')
-    printf "| %-8s | %-26s | %-14s | %-16s |\n" "$mode" "$train" "$val" "$rel"
+    printf "| %-12s | %-26s | %-14s | %-16s |\n" "$mode" "$train" "$val" "$rel"
 done
