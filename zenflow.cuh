@@ -3,8 +3,8 @@ ZenFlow on the GPU: the CUDA backend (ZfBackend) of the orchestration in zenflow
 
 zenflow.h decides WHAT happens in a step (docs/zenflow_spec.md section 4); this file says
 how a GPU does each part. It reads in step order: the kernels first (4.2 scores, 4.3 the
-GPU's AdamW, 4.4 / 7 gathering the CPU's columns, 4.6 putting them back), then the
-primitives zenflow.h calls, in the same order.
+GPU's AdamW, 4.4 / 7 gathering the CPU's columns, 4.6 putting them back, 6 the sums that
+auto U decides with), then the primitives zenflow.h calls, in the same order.
 
 Who owns which columns (spec 3), for one matrix W (rows = OC, cols = IC) with sel = {2, 7}:
 

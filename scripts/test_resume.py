@@ -33,6 +33,10 @@ MODES = {
     "offload": ["-zo", "offload"],
     "zenflow": ["-zo", "zenflow", "-zk", "0.2", "-zu", "3", "-zs", "6", "-zv", "1"],
     "zenflow-sync": ["-zo", "zenflow", "-zk", "0.1", "-zu", "2", "-zs", "4", "-zw", "2", "-zv", "0"],
+    # auto U (spec 6): the state file's auto block (U_max, decision, c sums); one warm-up step
+    # puts the windows at steps 2-5, 6-9, so the checkpoint after step 7 is inside one, with A
+    # in the gradient buffer (-za gpu)
+    "zenflow-auto": ["-zo", "zenflow", "-zk", "0.1", "-zu", "auto", "-zs", "8", "-zw", "1", "-za", "gpu"],
 }
 
 
