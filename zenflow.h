@@ -116,6 +116,15 @@ static inline void zf_describe_interval(const ZfConfig* c, char* out, size_t siz
     }
 }
 
+// a line of advice for the trainers' start, or NULL: settings that work but cost time
+static inline const char* zf_config_advice(const ZfConfig* c) {
+    if (c->mode == ZF_MODE_ZENFLOW && c->update_interval == ZF_AUTO && c->transport == ZF_ACC_CPU && c->overlap) {
+        return "auto U with -za cpu waits at every step for that step's accumulation on the CPU, which queues "
+               "behind a window update still running; -za gpu never waits (docs/zenflow_spec.md, 6.1)";
+    }
+    return NULL;
+}
+
 // one weight matrix (spec 1): wte, wpe, or one layer's slice of qkvw/attprojw/fcw/fcprojw
 typedef struct {
     char name[32];        // e.g. "qkvw.3"
