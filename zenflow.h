@@ -481,9 +481,11 @@ static int zf_accumulate(void* arg) {
     } else {
         zf_cpu_accumulate(job->acc, job->grads, job->n);
     }
-    for (int i = 0; job->abs_sums != NULL && i < job->zf->num_matrices; i++) {  // auto U: u's sums
-        const ZfMatrix* mat = &job->zf->matrices[i];
-        job->abs_sums[i] = zf_abs_sum(job->acc + mat->cpu_offset, (size_t)(mat->cols - mat->n_sel) * mat->rows);
+    if (job->abs_sums != NULL) {  // auto U: the sums of |A| that u needs, per matrix
+        for (int i = 0; i < job->zf->num_matrices; i++) {
+            const ZfMatrix* mat = &job->zf->matrices[i];
+            job->abs_sums[i] = zf_abs_sum(job->acc + mat->cpu_offset, (size_t)(mat->cols - mat->n_sel) * mat->rows);
+        }
     }
     double t1 = zf_now_ms();
     zf_add_cpu_work(job->zf, t0, t1);
@@ -864,8 +866,8 @@ static inline void zf_step(ZenFlow* zf, int t, ZfAdamHyper hyper) {
     // (overlap off, and warm-up, which is synchronous offload: windows of one step)
     const int background = cfg->overlap && !warmup;
     const int auto_u = cfg->update_interval == ZF_AUTO && !warmup;
-    const int single = warmup || cfg->update_interval == 1 || (auto_u && cfg->max_update_interval == 1);
     const int closes = zf_next_step_closes(zf, warmup);  // 4.5, known before the step's work
+    const int single = closes && zf->window_count == 0;  // a window of one step (U = 1, warm-up)
     zf->closed_window = 0;
 
     // 4.4 accumulate: A += g_t on the CPU-owned elements, n += 1. `window_sum` is where the
