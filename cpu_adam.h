@@ -2,7 +2,8 @@
 //  - zf_cpu_adam_*: AdamW over flat fp32 arrays, exactly docs/zenflow_spec.md section 3.1
 //    (bitwise the same as a plain scalar loop, for any thread count).
 //  - zf_updater_*: one background thread that runs jobs in submission order (spec 4.6,
-//    "overlap on"), with a debug switch that injects random delays (spec 5).
+//    "overlap on"), with a debug switch that injects random delays (spec 5). zenflow.h
+//    runs two: the updater (window updates) and the accumulator (per-step A += g).
 //
 // Build: g++ -std=c++17 -O3 -march=native -fopenmp -ffp-contract=off -c cpu_adam.cpp
 // -ffp-contract=off is required (no fused multiply-add, spec 3.1); never -ffast-math

@@ -585,8 +585,6 @@ int main(int argc, char* argv[]) {
            "accumulation on the %s, transfers %s\n", zf_mode_names[zcfg.mode], zcfg.topk, interval,
            zcfg.select_interval, zcfg.warmup, zcfg.overlap ? "on" : "off", zf_transport_names[zcfg.transport],
            zf.pipeline ? "per layer" : "whole");
-    const char* advice = zf_config_advice(&zcfg);
-    if (advice != NULL) { printf("[optimizer] note: %s\n", advice); }
     printf("[optimizer] matrix elements M = %zu: the CPU owns %zu after the first selection, the GPU %zu\n",
            zf.matrix_elems, zf.cpu_capacity, zf.gpu_capacity);
     gpt2_allocate(&model, B, T);

@@ -42,8 +42,11 @@ gathered and leave as soon as its backward is done (g: the layers', e: the embed
 
   default: |fwd bwd(g g g) e adam|fwd bwd(g g g) e adam|  ...  |fwd bwd(g g g) e adam scatter|
   d2h:              |g |g |g |e|           |g |g |g |e|            |g |g |g |e|
-  updater:                      |A += g|               |A += g|           |AdamW window w ...
-  h2d:      (the result of window w-1, copied as soon as it was ready)           ^ waited here
+  accumulator:                  |A += g|               |A += g|           |A += g|
+  updater:  |AdamW window w-1 ...........................|                 |AdamW window w ...
+  h2d:                                                   |result of w-1|     ^ waited here
+(the accumulator and the updater are zenflow.h's two CPU threads: the accumulations never
+queue behind a window update)
 
 Without the hooks (-zp 0) one gather after the backward and one copy do the same. GPU
 accumulation has no per-step copy: at the boundary's backward A leaves the same way, layer by

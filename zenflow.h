@@ -51,12 +51,19 @@ group 0 = the embeddings (wte, wpe), group 1 + l = layer l's four matrices.
         its way long before the boundary, params_prefetch, and is put in place at once.)
 Same numbers either way, bit for bit: only the moment a copy starts changes.
 
-Threads (spec 5). With overlap on, everything the CPU does runs on the updater thread, in
-submission order: the per-step accumulations and the window updates. A job reads only
-buffers that nothing writes until the main thread has waited for that job, and the main
-thread waits only at fixed points (a boundary, reusing a staging buffer, a drain). Copies
-between host and device may still be in flight when a primitive returns: a job calls
-host_wait on a buffer before it touches it. So the results never depend on timing.
+Threads (spec 5). With overlap on, the CPU's work runs on two background threads, each
+running its jobs in submission order: the UPDATER runs the window updates, the ACCUMULATOR
+(CPU transport) the per-step accumulations. Two, because a window update may take up to U
+steps while each step's accumulation must be done within two (its staging buffer comes back
+then, and auto U's decision needs it one step later): on one thread the accumulations would
+queue behind the update and the training loop would wait inside the window. The update of
+window w starts once w's last accumulation is done (it waits for that ticket itself); the
+accumulations of window w+1 write the other A, which the main thread hands out only after
+waiting for the update that last read it. A job reads only buffers that nothing writes until
+the main thread has waited for that job, and the main thread waits only at fixed points (a
+boundary, reusing a staging buffer, auto U's decision, a drain). Copies between host and
+device may still be in flight when a primitive returns: a job calls host_wait on a buffer
+before it touches it. So the results never depend on timing.
 */
 #ifndef ZENFLOW_H
 #define ZENFLOW_H
@@ -114,15 +121,6 @@ static inline void zf_describe_interval(const ZfConfig* c, char* out, size_t siz
     } else {
         snprintf(out, size, "%d", c->update_interval);
     }
-}
-
-// a line of advice for the trainers' start, or NULL: settings that work but cost time
-static inline const char* zf_config_advice(const ZfConfig* c) {
-    if (c->mode == ZF_MODE_ZENFLOW && c->update_interval == ZF_AUTO && c->transport == ZF_ACC_CPU && c->overlap) {
-        return "auto U with -za cpu waits at every step for that step's accumulation on the CPU, which queues "
-               "behind a window update still running; -za gpu never waits (docs/zenflow_spec.md, 6.1)";
-    }
-    return NULL;
 }
 
 // one weight matrix (spec 1): wte, wpe, or one layer's slice of qkvw/attprojw/fcw/fcprojw
@@ -207,6 +205,8 @@ typedef struct {
     int step;          // s = t + 1 of the boundary step
     ZfAdamHyper hyper;
     int prefetch;      // 1 (in the background): start the result's copy to the device when done
+    long acc_ticket;   // CPU transport in the background: the window's last accumulation on the
+                       // accumulator thread, which the update waits for first (-1: none)
     double ms;         // out: how long the update took (without waiting for copies)
 } ZfWindowJob;
 
@@ -219,6 +219,14 @@ typedef struct {
     int first;           // first step of the window: A = 0 + g_t
     double* abs_sums;    // auto U: then, per matrix, the sum of |A| over its elements (or NULL)
 } ZfAccumulateJob;
+
+// a job on one of the CPU threads (the updater or the accumulator); ticket -1: none
+typedef struct {
+    ZfUpdater* thread;
+    long ticket;
+} ZfTicket;
+
+static const ZfTicket zf_no_job = {NULL, -1};
 
 typedef struct ZenFlow {
     ZfConfig cfg;
@@ -251,13 +259,14 @@ typedef struct ZenFlow {
     float* acc;           // (cpu_capacity) A of the open window
     float* acc_job;       // (cpu_capacity) A of the window the updater is working on
     // CPU transport: this step's CPU-owned gradient, from the device. Two with overlap, used
-    // in turns; stage_ticket[i] is the last job that reads grad_stage[i] (-1: none)
+    // in turns; stage_reader[i] is the last job that reads grad_stage[i]
     float* grad_stage[2];  // (cpu_capacity) each; [1] only with overlap
-    long stage_ticket[2];
+    ZfTicket stage_reader[2];
     int stage_next;
     ZfAccumulateJob acc_jobs[2];  // the accumulation reading grad_stage[i]
     int window_count;     // n: steps in the open window
-    ZfUpdater* updater;
+    ZfUpdater* updater;      // overlap: the window updates (see the top: threads)
+    ZfUpdater* accumulator;  // overlap and CPU transport: the per-step accumulations
     int pending;          // a window's CPU result waits to be applied (overlap on)
     long pending_ticket;  // its updater job, or -1 once it has finished
     ZfWindowJob job;
@@ -276,7 +285,7 @@ typedef struct ZenFlow {
     int close_next;       // the next step closes the window
     int closed_window;    // steps in the window the last zf_step closed (0: it closed none)
     int auto_pending;     // the sums of the last step are on their way (zf_auto_decide)
-    long auto_ticket;     // ... and, CPU accumulation, the updater job that computes sum_cpu
+    ZfTicket auto_job;    // ... and, CPU accumulation, the accumulation that computes sum_cpu
     double cpu_update_ms;     // duration of the last finished window update
     long long cpu_work_us;    // all CPU optimizer work so far (accumulations + updates), both
                               // threads add to it (atomically): read with zf_cpu_work_ms
@@ -381,7 +390,7 @@ static inline void zf_init(ZenFlow* zf, ZfConfig cfg, const GPT2Config* model, Z
         zf->grad_stage[0] = (float*)calloc_check(c, sizeof(float));
         if (cfg.overlap) { zf->grad_stage[1] = (float*)calloc_check(c, sizeof(float)); }
     }
-    zf->stage_ticket[0] = zf->stage_ticket[1] = -1;
+    zf->stage_reader[0] = zf->stage_reader[1] = zf_no_job;
     zf->m_new = (float*)calloc_check(c, sizeof(float));
     zf->v_new = (float*)calloc_check(c, sizeof(float));
     zf->gpu_m_old = (float*)calloc_check(g, sizeof(float));
@@ -391,10 +400,14 @@ static inline void zf_init(ZenFlow* zf, ZfConfig cfg, const GPT2Config* model, Z
     zf->c_sum = (double*)calloc_check(zf->num_matrices, sizeof(double));
     zf->sum_sel = (double*)calloc_check(zf->num_matrices, sizeof(double));
     zf->sum_cpu = (double*)calloc_check(zf->num_matrices, sizeof(double));
-    zf->auto_ticket = -1;
+    zf->auto_job = zf_no_job;
     if (cfg.overlap) {
         zf->updater = zf_updater_create(0);
         if (zf->updater == NULL) { zf_fail("could not start the CPU updater thread"); }
+        if (cfg.transport == ZF_ACC_CPU) {
+            zf->accumulator = zf_updater_create(0);
+            if (zf->accumulator == NULL) { zf_fail("could not start the CPU accumulator thread"); }
+        }
     }
 }
 
@@ -442,8 +455,8 @@ static inline void zf_start_warmup(ZenFlow* zf) {
 }
 
 // ----------------------------------------------------------------------------
-// the CPU side: accumulations and window updates (on the updater thread with overlap, else
-// inline on the main thread)
+// the CPU side: accumulations and window updates (with overlap on the accumulator and the
+// updater thread, else inline on the main thread)
 
 // CPU optimizer work is added up by both threads, so atomically (a plain counter would race)
 static inline void zf_add_cpu_work(ZenFlow* zf, double t0_ms, double t1_ms) {
@@ -489,7 +502,7 @@ static int zf_accumulate(void* arg) {
     }
     double t1 = zf_now_ms();
     zf_add_cpu_work(job->zf, t0, t1);
-    trace_event(TRACE_CPU_UPDATE, "accumulate", t0, t1);
+    trace_event(TRACE_CPU_ACCUMULATE, "accumulate", t0, t1);
     return 0;
 }
 
@@ -501,6 +514,10 @@ static int zf_window_update(void* arg) {
     // closed at step s (1-based) fail, as a real error in the CPU side would
     const char* fail_at = getenv("ZF_FAIL_AT_STEP");
     if (fail_at != NULL && atoi(fail_at) == job->step) { return 7; }
+    if (job->acc_ticket >= 0) {  // A is complete once the window's last accumulation is
+        int status = zf_updater_wait(zf->accumulator, job->acc_ticket);
+        if (status != 0) { return status; }
+    }
     zf_host_wait(zf, job->acc);     // GPU transport: A's copy from the device has landed
     zf_host_wait(zf, zf->master);   // the previous result has left for the device
     double t0 = zf_now_ms();
@@ -518,12 +535,12 @@ static int zf_window_update(void* arg) {
     return 0;
 }
 
-// runs a job on the updater thread (background; *ticket = its ticket) or here, now (a job of
-// step s, for the error message)
-static inline void zf_run_job(ZenFlow* zf, int background, ZfJobFn fn, void* arg, long* ticket,
+// runs a job on a background thread (*ticket = its ticket) or, thread NULL, here and now (a
+// job of step s, for the error message)
+static inline void zf_run_job(ZenFlow* zf, ZfUpdater* thread, ZfJobFn fn, void* arg, ZfTicket* ticket,
                               int s) {
-    if (background) {
-        *ticket = zf_updater_submit(zf->updater, fn, arg);
+    if (thread != NULL) {
+        *ticket = ZfTicket{thread, zf_updater_submit(thread, fn, arg)};
         return;
     }
     double t0 = zf_now_ms();
@@ -537,16 +554,20 @@ static inline void zf_run_job(ZenFlow* zf, int background, ZfJobFn fn, void* arg
 // ----------------------------------------------------------------------------
 // waiting for the updater (spec 5: only at these fixed points)
 
-// waits for one job (and so every earlier one); ticket -1 = nothing to wait for
-static inline void zf_wait_ticket(ZenFlow* zf, long ticket) {
-    if (ticket < 0) { return; }
+static inline int zf_job_finished(ZfTicket job) {
+    return job.ticket < 0 || zf_updater_finished(job.thread, job.ticket);
+}
+
+// waits for one job (and so every earlier one of its thread)
+static inline void zf_wait_ticket(ZenFlow* zf, ZfTicket job) {
+    if (job.ticket < 0) { return; }
     double t0 = zf_now_ms();
     zf_host_blocks(zf, 1);
-    int status = zf_updater_wait(zf->updater, ticket);
+    int status = zf_updater_wait(job.thread, job.ticket);
     zf_host_blocks(zf, 0);
     if (status != 0) {
-        zf_fail("the CPU updater failed with code %d (the window update handed over at step %d)",
-                status, zf->job.step);
+        zf_fail("the CPU %s failed with code %d (the window update handed over at step %d)",
+                job.thread == zf->accumulator ? "accumulator" : "updater", status, zf->job.step);
     }
     trace_event(TRACE_WAIT, "wait for CPU", t0, zf_now_ms());
 }
@@ -554,23 +575,26 @@ static inline void zf_wait_ticket(ZenFlow* zf, long ticket) {
 // waits for the window job in flight (if any) to finish, without applying its result
 static inline void zf_wait_window(ZenFlow* zf) {
     if (zf->pending_ticket < 0) { return; }
-    zf_wait_ticket(zf, zf->pending_ticket);
+    zf_wait_ticket(zf, ZfTicket{zf->updater, zf->pending_ticket});
     zf->cpu_update_ms = zf->job.ms;
     zf->pending_ticket = -1;
 }
 
-// waits until the updater is idle: every job submitted so far has finished (a window update
-// waiting to be applied stays pending)
+// waits until the CPU threads are idle: every job submitted so far has finished (a window
+// update waiting to be applied stays pending)
 static inline void zf_wait(ZenFlow* zf) {
     if (zf->updater == NULL) { return; }
     zf_wait_window(zf);
     double t0 = zf_now_ms();
     zf_host_blocks(zf, 1);
+    int acc_status = zf->accumulator != NULL ? zf_updater_drain(zf->accumulator) : 0;
     int status = zf_updater_drain(zf->updater);
     zf_host_blocks(zf, 0);
+    if (acc_status != 0) { zf_fail("the CPU accumulator failed with code %d", acc_status); }
     if (status != 0) { zf_fail("the CPU updater failed with code %d", status); }
     trace_event(TRACE_WAIT, "wait for CPU", t0, zf_now_ms());
-    zf->stage_ticket[0] = zf->stage_ticket[1] = -1;
+    zf->stage_reader[0] = zf->stage_reader[1] = zf_no_job;
+    zf->auto_job = zf_no_job;
 }
 
 // waits for the pending window (if any) and applies its result to the working copy
@@ -739,8 +763,8 @@ static inline void zf_auto_decide(ZenFlow* zf) {
     if (!zf->auto_pending) { return; }
     zf->auto_pending = 0;
     if (zf->backend.abs_sums_wait != NULL) { zf->backend.abs_sums_wait(zf->backend.ctx); }
-    zf_wait_ticket(zf, zf->auto_ticket);  // CPU accumulation: the job that summed |A|
-    zf->auto_ticket = -1;
+    zf_wait_ticket(zf, zf->auto_job);  // CPU accumulation: the job that summed |A|
+    zf->auto_job = zf_no_job;
     const int n = zf->window_count;  // steps in the window so far, the evaluated one included
     int ready = 0;
     for (int i = 0; i < zf->num_matrices; i++) {
@@ -766,13 +790,13 @@ static inline int zf_next_step_closes(ZenFlow* zf, int warmup) {
     return zf->close_next || n >= cfg->max_update_interval;
 }
 
-// CPU transport: the staging buffer for this step's gradient. With the updater working in
-// the background two take turns, and the job that read this one two steps ago must be done.
+// CPU transport: the staging buffer for this step's gradient. With the CPU working in the
+// background two take turns, and the job that read this one two steps ago must be done.
 static inline int zf_take_stage(ZenFlow* zf, int background) {
     int i = background ? zf->stage_next : 0;
     zf->stage_next = background ? 1 - i : 0;
-    zf_wait_ticket(zf, zf->stage_ticket[i]);
-    zf->stage_ticket[i] = -1;
+    zf_wait_ticket(zf, zf->stage_reader[i]);
+    zf->stage_reader[i] = zf_no_job;
     return i;
 }
 
@@ -795,7 +819,7 @@ static inline void zf_before_backward(ZenFlow* zf, int t) {
         // now (never wait here: that would keep the backward from being launched)
         const int background = cfg->overlap && !warmup;
         int i = background ? zf->stage_next : 0;
-        if (zf->updater != NULL && !zf_updater_finished(zf->updater, zf->stage_ticket[i])) { return; }
+        if (!zf_job_finished(zf->stage_reader[i])) { return; }
         zf->early_stage = zf_take_stage(zf, background);  // does not block: its job is done
         zf->early_dest = zf->grad_stage[zf->early_stage];
     } else {
@@ -888,7 +912,7 @@ static inline void zf_step(ZenFlow* zf, int t, ZfAdamHyper hyper) {
             ZfAccumulateJob* job = &zf->acc_jobs[stage];
             *job = ZfAccumulateJob{zf, zf->grad_stage[stage], zf->acc, zf->cpu_elems,
                                    zf->window_count == 0, auto_u && !closes ? zf->sum_cpu : NULL};
-            zf_run_job(zf, background, zf_accumulate, job, &zf->stage_ticket[stage], s);
+            zf_run_job(zf, background ? zf->accumulator : NULL, zf_accumulate, job, &zf->stage_reader[stage], s);
         }
     }
     // (spec 7, GPU accumulation: the backward pass has already added g_t into the gradient
@@ -901,7 +925,7 @@ static inline void zf_step(ZenFlow* zf, int t, ZfAdamHyper hyper) {
             // spec 6: this step's sums start now; zf_auto_decide reads them one step later
             int gpu_acc = cfg->transport == ZF_ACC_GPU;
             be->abs_sums(be->ctx, zf, zf->sum_sel, gpu_acc ? zf->sum_cpu : NULL);
-            zf->auto_ticket = !gpu_acc && background ? zf->stage_ticket[stage] : -1;
+            zf->auto_job = !gpu_acc && background ? zf->stage_reader[stage] : zf_no_job;
             zf->auto_pending = 1;
         }
         return;
@@ -924,8 +948,8 @@ static inline void zf_step(ZenFlow* zf, int t, ZfAdamHyper hyper) {
             zf_grads_to_host(zf, zf->acc);  // A, once per window
             window_sum = zf->acc;
         }
-        ZfWindowJob job = {zf, window_sum, n, s, cpu_hyper, 0, 0.0};
-        zf_run_job(zf, 0, zf_window_update, &job, NULL, s);
+        ZfWindowJob job = {zf, window_sum, n, s, cpu_hyper, 0, -1, 0.0};
+        zf_run_job(zf, NULL, zf_window_update, &job, NULL, s);
         zf->cpu_update_ms = job.ms;
         if (zf->pipeline) {
             // layer by layer, each just before its forward (zf_forward_layer)
@@ -946,10 +970,12 @@ static inline void zf_step(ZenFlow* zf, int t, ZfAdamHyper hyper) {
         if (cfg->transport == ZF_ACC_GPU) {
             zf_grads_to_host(zf, zf->acc_job);  // A, once per window (the buffer that was acc)
         }
-        zf->job = ZfWindowJob{zf, window_sum, n, s, cpu_hyper, 1, 0.0};
+        // (CPU transport: the update starts after this step's accumulation, on the other thread)
+        long acc_ticket = cfg->transport == ZF_ACC_CPU && !single ? zf->stage_reader[stage].ticket : -1;
+        zf->job = ZfWindowJob{zf, window_sum, n, s, cpu_hyper, 1, acc_ticket, 0.0};
         zf->pending_ticket = zf_updater_submit(zf->updater, zf_window_update, &zf->job);
         if (cfg->transport == ZF_ACC_CPU && single) {
-            zf->stage_ticket[stage] = zf->pending_ticket;  // the job reads the staging buffer
+            zf->stage_reader[stage] = ZfTicket{zf->updater, zf->pending_ticket};  // it reads the stage
         }
         zf->pending = 1;
     }
@@ -1052,7 +1078,7 @@ static inline void zf_load_state(ZenFlow* zf, FILE* fp, const char* path) {
     size_t counts[6] = {g, g, n, n, n, n};
     for (int i = 0; i < 6; i++) { fread_check(arrays[i], sizeof(float), counts[i], fp, path); }
     zf->auto_pending = 0;
-    zf->auto_ticket = -1;
+    zf->auto_job = zf_no_job;
     if (c->update_interval == ZF_AUTO) {
         int auto_ints[2];
         fread_check(auto_ints, sizeof(int), 2, fp, path);
@@ -1071,15 +1097,19 @@ static inline void zf_load_state(ZenFlow* zf, FILE* fp, const char* path) {
         be->grads_from_host(be->ctx, zf, zf->acc);  // the open window's A, back where it lives
     }
     zf->stage_next = 0;
-    zf->stage_ticket[0] = zf->stage_ticket[1] = -1;
+    zf->stage_reader[0] = zf->stage_reader[1] = zf_no_job;
     zf->early_dest = NULL;
     zf->apply_src = NULL;
 }
 
 static inline void zf_free(ZenFlow* zf) {
-    if (zf->updater != NULL) {
-        int status = zf_updater_destroy(zf->updater);
-        if (status != 0) { fprintf(stderr, "error: the CPU updater failed with code %d\n", status); }
+    ZfUpdater* threads[2] = {zf->updater, zf->accumulator};  // (a window update may wait for the accumulator)
+    for (ZfUpdater* thread : threads) {
+        int status = zf_updater_destroy(thread);  // (NULL: nothing)
+        if (status != 0) {
+            fprintf(stderr, "error: the CPU %s failed with code %d\n", thread == zf->updater ? "updater" : "accumulator",
+                    status);
+        }
     }
     for (int i = 0; i < zf->num_matrices; i++) { free(zf->matrices[i].cols_by_owner); }
     free(zf->matrices);

@@ -1017,8 +1017,6 @@ int main(int argc, char* argv[]) {
            "%s, accumulation on the %s, transfers %s\n", zf_mode_names[zcfg.mode], zcfg.topk,
            interval, zcfg.select_interval, zcfg.warmup, zcfg.overlap ? "on" : "off",
            zf_transport_names[zcfg.transport], zf.pipeline ? "per layer" : "whole");
-    const char* advice = zf_config_advice(&zcfg);
-    if (advice != NULL) { printf("[optimizer] note: %s\n", advice); }
     printf("[memory] CPU side (master, m, v, 2 accumulators, staging, 2 scratch) %.1f MiB, "
            "GPU-side moments %.1f MiB (their share in zenflow.cuh's packed layout)\n",
            8.0 * zf.cpu_capacity * 4 / 1048576.0,

@@ -4,11 +4,12 @@ chrome://tracing): one track per kind of work, so you can SEE whether the CPU's 
 behind the GPU's compute or the GPU waits for it.
 
   tracks:  compute (forward, backward, GPU-side AdamW) | device->host | host->device |
-           CPU updater (window updates) | waits (the training loop blocked on the CPU)
+           CPU updater (window updates) | waits (the training loop blocked on the CPU) |
+           CPU accumulator (A += g every step, CPU transport)
 
 Usage: trace_open(path, first_step, last_step) once; trace_set_step(t) at the top of every
 step; then trace_event(track, name, t0_ms, t1_ms) with times from zf_now_ms(). Events
-outside the chosen steps are dropped. Safe to call from the updater thread. The CUDA
+outside the chosen steps are dropped. Safe to call from the CPU side's threads. The CUDA
 trainer times its GPU work with CUDA events instead (llmc/cuda_trace.cuh).
 */
 #ifndef LLMC_TRACE_H
@@ -24,7 +25,8 @@ typedef enum {
     TRACE_D2H = 2,
     TRACE_H2D = 3,
     TRACE_CPU_UPDATE = 4,
-    TRACE_WAIT = 5
+    TRACE_WAIT = 5,
+    TRACE_CPU_ACCUMULATE = 6
 } TraceTrack;
 
 typedef struct {
@@ -32,7 +34,7 @@ typedef struct {
     std::mutex mu;
     double origin_ms;
     int first_step, last_step;
-    std::atomic<int> step;  // set by the training loop, read by the updater thread too
+    std::atomic<int> step;  // set by the training loop, read by the CPU side's threads too
     int num_events;
 } Trace;
 
@@ -40,13 +42,13 @@ static Trace g_trace;  // zero-initialised: tracing off
 
 static inline void trace_open(const char* path, int first_step, int last_step) {
     static const char* const names[] = {"", "compute", "device->host", "host->device",
-                                        "CPU updater", "waits"};
+                                        "CPU updater", "waits", "CPU accumulator"};
     g_trace.fp = fopen_check(path, "w");
     g_trace.origin_ms = zf_now_ms();
     g_trace.first_step = first_step;
     g_trace.last_step = last_step;
     fprintf(g_trace.fp, "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n");
-    for (int tid = 1; tid <= 5; tid++) {
+    for (int tid = 1; tid <= 6; tid++) {
         fprintf(g_trace.fp,
                 "%s{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": 1, \"tid\": %d, "
                 "\"args\": {\"name\": \"%s\"}}",

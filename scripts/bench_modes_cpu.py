@@ -8,8 +8,9 @@ timeline trace (-tr), and splits every traced step from its trace:
              "wait for CPU (synchronous)")
   other      the rest of the step: the transfer stand-ins (track 2 "gradients", track 3
              "apply"), the accumulation A += g ("accumulate"), bookkeeping
-  CPU update the CPU updater's work per step: "window update" + "accumulate" (track 4),
-             whether it ran in the background or the loop waited for it
+  CPU update the CPU's optimizer work per step: "window update" (track 4, the updater) +
+             "accumulate" (track 6, the accumulator), whether it ran in the background or
+             the loop waited for it
 Step time = from one step's forward to the next step's forward (so the run traces one step
 more than it measures). The first --skip steps (default 6) are warm-up and not measured:
 the first window update of every mode first-touches the CPU's moments (page faults) and
@@ -92,7 +93,7 @@ def step_breakdown(events, skip):
         mine = [e for e in events if e["step"] == s]
         compute = sum(e["dur"] for e in mine if e["tid"] == 1)
         stall = sum(e["dur"] for e in mine if e["tid"] == 5)
-        accumulate = sum(e["dur"] for e in mine if e["tid"] == 4 and e["name"] == "accumulate")
+        accumulate = sum(e["dur"] for e in mine if e["name"] == "accumulate")
         # window updates: counted for the step in which they START (the background thread's
         # event carries the step in which it ended)
         window = sum(e["dur"] for e in events if e["tid"] == 4 and e["name"] != "accumulate"

@@ -1,6 +1,7 @@
 #!/usr/bin/python3
 """Draws a timeline trace (the trainer's -tr file, Chrome trace-event JSON) as a picture: one
-row per track (compute, device->host, host->device, CPU updater, waits), one box per event,
+row per track (compute, device->host, host->device, CPU updater, waits, CPU accumulator),
+one box per event,
 a faint line and label at the start of every step. Several traces (e.g. offload and zenflow)
 become panels one above the other on the same time scale, so the step lengths compare
 directly. Times are ms from the start of the first drawn step of each trace.
@@ -20,8 +21,9 @@ import argparse
 import json
 import os
 
-TRACKS = [(1, "compute"), (2, "device->host"), (3, "host->device"), (4, "CPU updater"),
-          (5, "waits")]
+TRACKS = [(1, "compute"), (2, "device->host"), (3, "host->device"), (6, "CPU accumulator"),
+          (4, "CPU updater"), (5, "waits")]
+BACKGROUND = (4, 6)  # the CPU side's threads
 COLORS = {"forward": "#4c72b0", "backward": "#55a0d8", "GPU-side AdamW": "#2ca02c",
           "select + migrate": "#9467bd", "gradients": "#8c564b", "apply": "#e377c2",
           "window update": "#dd8452", "accumulate": "#f2c48d", "wait for CPU": "#c44e52",
@@ -57,17 +59,17 @@ def parse_steps(spec):
 
 
 def select(events, steps):
-    """The events of the chosen steps (all if None); the background thread's events may
+    """The events of the chosen steps (all if None); the background threads' events may
     carry a later step number, so they are kept by time instead."""
     if steps is None:
         return events
     lo, hi = steps
-    main = [e for e in events if lo <= e["step"] <= hi and e["tid"] != 4]
+    main = [e for e in events if lo <= e["step"] <= hi and e["tid"] not in BACKGROUND]
     if not main:
         raise SystemExit(f"no events in steps {lo}-{hi}")
     t0 = min(e["ts"] for e in main)
     t1 = max(e["ts"] + e["dur"] for e in main)
-    return main + [e for e in events if e["tid"] == 4 and t0 <= e["ts"] < t1]
+    return main + [e for e in events if e["tid"] in BACKGROUND and t0 <= e["ts"] < t1]
 
 
 def plot(traces, out, steps=None, title=None):

@@ -80,7 +80,7 @@ def fake_trace(path, mode, steps=6):
     a 50 ms window update to the background and waits 2 ms for the previous one."""
     ev = [{"name": "thread_name", "ph": "M", "pid": 1, "tid": t, "args": {"name": n}}
           for t, n in [(1, "compute"), (2, "device->host"), (3, "host->device"),
-                       (4, "CPU updater"), (5, "waits")]]
+                       (4, "CPU updater"), (5, "waits"), (6, "CPU accumulator")]]
     t = 0.0
 
     def add(tid, name, dur, step, at=None):
@@ -97,13 +97,13 @@ def fake_trace(path, mode, steps=6):
         add(1, "GPU-side AdamW", 10, s)
         if mode == "offload":
             add(2, "gradients", 5, s)
-            add(4, "accumulate", 7, s)
+            add(6, "accumulate", 7, s)
             add(4, "window update", 30, s, at=t)
             add(5, "wait for CPU (synchronous)", 30, s)
             add(3, "apply", 3, s)
         elif mode == "zenflow":
             add(2, "gradients", 4, s)
-            add(4, "accumulate", 6, s)
+            add(6, "accumulate", 6, s)
             if s % 2 == 0:
                 add(5, "wait for CPU", 2, s)
                 add(3, "apply", 1, s)

@@ -7,11 +7,12 @@ describes, for exactly the steps asked for.
 
 Runs the trainer (./train_gpt2cpu, or the CUDA trainer: without a GPU build/emu/train_gpt2cu)
 in zenflow mode with overlap for 8 steps, tracing steps 3..6 (-tf 3 -tn 4), and checks:
-the file is JSON with the five named tracks; every event belongs to a traced step and has
+the file is JSON with the six named tracks; every event belongs to a traced step and has
 a duration >= 0; each traced step has one forward and then one backward on the compute
 track, and the GPU-side AdamW after the backward; the CPU-owned gradients go device->host
-every step (CPU accumulation); the CPU updater's jobs appear; the window that closes at step
-6 (U = 3) puts its update on the CPU updater track; the gradients leave layer by layer
+every step (CPU accumulation) and are accumulated on the CPU accumulator track;
+the window that closes at step 6 (U = 3) puts its update on the CPU updater track, and
+nothing else is there; the gradients leave layer by layer
 (several device->host events a step; no selection falls in the traced steps), and in one
 piece with -zp 0 (a second run). Prints one line per check and `trace: N passed, M failed`.
 """
@@ -22,7 +23,8 @@ import sys
 import tempfile
 
 FIRST, COUNT, STEPS = 3, 4, 8
-TRACKS = {1: "compute", 2: "device->host", 3: "host->device", 4: "CPU updater", 5: "waits"}
+TRACKS = {1: "compute", 2: "device->host", 3: "host->device", 4: "CPU updater", 5: "waits",
+          6: "CPU accumulator"}
 
 
 def main():
@@ -85,8 +87,15 @@ def main():
           f"device->host events per step: {layers} (per layer), {whole} (-zp 0)")
     jobs = [e for e in spans if e["tid"] == 4]
     updates = [e for e in jobs if e["name"] == "window update"]
-    check("CPU updater", len(jobs) > 0 and len(updates) >= 1,
+    check("CPU updater", len(updates) >= 1 and len(updates) == len(jobs),
           f"{len(jobs)} jobs, {len(updates)} window update(s)")
+    # An accumulation carries the step during which it ran, so those near the range's ends may
+    # fall in or out; the first two traced steps' ones fall in: each must be done before the
+    # step two later reuses its staging buffer.
+    accs = [e for e in spans if e["name"] == "accumulate"]
+    tracks = sorted({e["tid"] for e in accs})
+    check("CPU accumulator", len(accs) >= 2 and tracks == [6],
+          f"{len(accs)} accumulations in {COUNT} steps, on tracks {tracks}")
     passed = sum(results)
     print(f"trace: {passed} passed, {len(results) - passed} failed")
     return 0 if passed == len(results) else 1

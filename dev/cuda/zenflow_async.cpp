@@ -23,15 +23,22 @@ early differ, and differ from the plain CPU backend. Checks:
      middle of a window (A still in the gradient buffer) resumes bit for bit; random updater
      delays change nothing;
   4. for information: the largest loss difference between -za cpu and -za gpu (spec 7: the
-     backward's += rounds A differently from A += g).
+     backward's += rounds A differently from A += g);
+  5. -za cpu, stall-freedom inside a window (fixed U and auto U): a window update held back
+     until the next boundary never makes the training loop wait before it (the per-step
+     accumulations run on their own thread, never queued behind the update), and the run
+     stays bitwise the same.
 
   ./build/cuda/zenflow_async dev/test/ref/zf_a [more zf case dirs]   (make -C dev/cuda builds it)
 */
 #define TESTING
 #include "../train_gpt2.cpp"
 
+#include <atomic>
+#include <chrono>
 #include <map>
 #include <mutex>
+#include <thread>
 
 #include "../test_common.h"
 
@@ -109,9 +116,31 @@ static void lazy_grads_to_host(void* ctx, const ZenFlow* zf, float* host, int gr
     }
 }
 
+// Holding a window update back (test_never_waits_inside_a_window): the update with index
+// g_hold_index (0 = the first window's) does not finish until the training loop has returned
+// from g_hold_until zf_step calls, or until a timeout, which is then counted. params_prefetch
+// is the update's last act, so the hold lengthens the update as a slow CPU would.
+static std::atomic<int> g_steps_done{0};  // zf_step calls that have returned in this run
+static int g_hold_index = -1;             // -1: no hold
+static int g_hold_until = 0;
+static int g_prefetches = 0;              // window updates so far (updater thread only)
+static int g_hold_timeouts = 0;
+
+static void hold_window_update(void) {
+    if (g_hold_index < 0 || g_prefetches++ != g_hold_index) { return; }
+    for (int ms = 0; g_steps_done.load() < g_hold_until; ms++) {
+        if (ms == 5000) {
+            g_hold_timeouts++;
+            return;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+}
+
 // the upload starts: late, it reads the host buffer only when it must
 static void lazy_params_prefetch(void* ctx, const ZenFlow* zf, const float* host) {
     LazyDevice* dev = (LazyDevice*)ctx;
+    hold_window_update();
     std::lock_guard<std::mutex> lock(dev->mu);
     lazy_check_upload(dev, "a new upload starts");
     dev->prefetched = 1;
@@ -233,6 +262,8 @@ static Run run(const char* dir, const ZfCase* c, ZfConfig z, int kind, const cha
     model.zf = pipeline ? &zf : NULL;
     ZfAdamHyper hyper = {c->s.lr, 0.9f, 0.95f, 1e-8f, c->s.wd};
     Run out;
+    g_steps_done.store(0);
+    g_prefetches = 0;
     for (int t = 0; t < c->s.steps; t++) {
         if (save_at > 0 && t == save_at) {
             FILE* fp = tmpfile();
@@ -262,6 +293,7 @@ static Run run(const char* dir, const ZfCase* c, ZfConfig z, int kind, const cha
         zf_before_backward(&zf, t);
         gpt2_backward(&model, c->s.B, c->s.T);
         zf_step(&zf, t, hyper);
+        g_steps_done.store(t + 1);
         out.losses.push_back(model.mean_loss);
     }
     zf_drain(&zf);
@@ -436,6 +468,48 @@ static void test_invariants(const char* dir) {
     }
 }
 
+// Stall-freedom of the CPU side (spec 5, -za cpu): between two boundaries the training loop
+// waits only for its own steps' accumulations, never for a job queued behind a window update.
+// The update handed over at one boundary is held back until the loop has finished every step
+// before the next boundary (where it must wait for it). Had the loop waited for the update
+// earlier, directly or through a job queued after it, the hold would end only at its timeout.
+// Fixed U = 4 (the loop reuses a staging buffer after 2 steps: its job must not queue behind
+// the update) and auto U (each step's decision needs the step before's accumulation).
+static void test_never_waits_inside_a_window(const char* dir) {
+    ZfCase c = read_zf_case(dir);
+    printf("== -za cpu: a window update held back until the next boundary stalls no step inside the window\n");
+    for (int auto_u = 0; auto_u < 2; auto_u++) {
+        ZfConfig z = zf_default_config();  // k 0.1, U 4, overlap, -za cpu
+        z.select_interval = 0;             // one selection, at t = 0: no drain inside a window
+        if (auto_u) { z.update_interval = ZF_AUTO; }
+        char win_path[] = "/tmp/zf_async_windows_XXXXXX";
+        make_temp_file(win_path);
+        Run free = run(dir, &c, z, LATE, win_path, 0, 1);
+        std::vector<std::pair<int, int>> windows = read_windows(win_path);
+        remove(win_path);
+        if (!auto_u) {
+            for (int t = z.update_interval - 1; t < c.s.steps; t += z.update_interval) { windows.push_back({t, 4}); }
+        }
+        // hold the update of the first window followed by one of at least 3 steps (with auto U
+        // the decision inside a window of 2 steps has nothing to wait for)
+        size_t i = 0;
+        while (i + 1 < windows.size() && windows[i + 1].second < 3) { i++; }
+        check(i + 1 < windows.size(), "no window of 3 steps or more to test with: the case needs more steps");
+        if (i + 1 >= windows.size()) { continue; }
+        g_hold_index = (int)i;
+        g_hold_until = windows[i + 1].first;  // zf_step of every step before the next boundary returned
+        g_hold_timeouts = 0;
+        Run held = run(dir, &c, z, LATE, NULL, 0, 1);
+        g_hold_index = -1;
+        char what[256];
+        snprintf(what, sizeof(what), "U=%s: update of the window closed at step %d held until step %d",
+                 auto_u ? "auto" : "4", windows[i].first, windows[i + 1].first);
+        printf("  %-66s %s\n", what, g_hold_timeouts == 0 ? "no wait" : "FAIL (the loop waited for it)");
+        check(g_hold_timeouts == 0, "the training loop waited inside a window for a held-back window update");
+        report_same(same_run(held, free), "... and the run is the same as without the hold", REPORT_WIDTH);
+    }
+}
+
 int main(int argc, char* argv[]) {
     if (argc < 2) {
         fprintf(stderr, "usage: %s <zenflow case dir> [...] (dev/test/ref/zf_*, see scripts/make_test_refs.sh)\n",
@@ -444,6 +518,7 @@ int main(int argc, char* argv[]) {
     }
     for (int i = 1; i < argc; i++) { test_case(argv[i]); }
     test_invariants(argv[1]);
+    test_never_waits_inside_a_window(argv[1]);
     printf("  %-66s %d  %s\n", "protocol errors (a copy's host buffer changed too early)", g_protocol_errors,
            g_protocol_errors == 0 ? "ok" : "FAIL");
     check(g_protocol_errors == 0, "zenflow.h wrote a host buffer that a copy could still be reading");
