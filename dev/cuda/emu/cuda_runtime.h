@@ -383,6 +383,7 @@ typedef enum {
 typedef enum { cudaDevAttrL2CacheSize = 89 } cudaDeviceAttr;
 
 #define cudaStreamNonBlocking 0x01
+#define cudaEventBlockingSync 0x01  // (a real host thread sleeps instead of spinning; here: nothing)
 #define cudaEventDisableTiming 0x02
 #define cudaHostRegisterDefault 0x00
 #define cudaDeviceScheduleBlockingSync 0x04
@@ -665,7 +666,9 @@ static inline cudaError_t cudaEventSynchronize(cudaEvent_t event) {
 }
 static inline cudaError_t cudaEventQuery(cudaEvent_t event) {
     EMU_LOCK;
-    return event->stream == NULL || event->stream->done >= event->seq ? cudaSuccess : cudaErrorNotReady;
+    // "not ready" also becomes the last error, as the real runtime may keep it: a caller
+    // that does not clear it fails at its next launch check, here as on a GPU
+    return event->stream == NULL || event->stream->done >= event->seq ? cudaSuccess : emu_error(cudaErrorNotReady);
 }
 static inline cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
     EMU_LOCK;
