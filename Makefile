@@ -23,7 +23,7 @@ NVCCFLAGS ?= -O3 -std=c++17 -fmad=false $(CUDA_ARCH) -Xcompiler -Wall,-fopenmp,-
 NVCC_LDLIBS = -lcublasLt -lcublas -lgomp -lpthread
 
 CPU_BINS = train_gpt2cpu test_gpt2cpu test_zenflow test_cpu_adam zenflow_async
-TSAN_BINS = test_cpu_adam_tsan test_zenflow_tsan
+TSAN_BINS = test_cpu_adam_tsan test_zenflow_tsan train_gpt2cpu_tsan
 ASAN_BINS = test_gpt2cpu_asan test_zenflow_asan train_gpt2cpu_asan
 ifneq ($(NVCC_FOUND),)
 CUDA_BINS = train_gpt2cu test_gpt2cu cuda_dev
@@ -68,6 +68,10 @@ test_cpu_adam_tsan: dev/test_cpu_adam.cpp cpu_adam.cpp cpu_adam.h
 	$(CXX) $(TSAN_FLAGS) $< cpu_adam.cpp -o $@ $(LDLIBS)
 
 test_zenflow_tsan: dev/test_zenflow.cpp dev/test_common.h dev/train_gpt2.cpp cpu_adam.cpp $(HEADERS)
+	$(CXX) $(TSAN_FLAGS) $< cpu_adam.cpp -o $@ $(LDLIBS)
+
+# the whole CPU trainer: its end (drain, trace close, free) next to the CPU threads
+train_gpt2cpu_tsan: dev/train_gpt2.cpp cpu_adam.cpp $(HEADERS)
 	$(CXX) $(TSAN_FLAGS) $< cpu_adam.cpp -o $@ $(LDLIBS)
 
 train_gpt2cu: train_gpt2.cu cpu_adam.o $(HEADERS) zenflow.cuh $(wildcard llmc/*.cuh)

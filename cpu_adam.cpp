@@ -301,6 +301,12 @@ int zf_updater_wait(ZfUpdater* u, long ticket) {
     return u->error;
 }
 
+int zf_updater_error(ZfUpdater* u) {
+    if (!u) return 0;
+    std::lock_guard<std::mutex> lk(u->mu);
+    return u->error;
+}
+
 int zf_updater_finished(ZfUpdater* u, long ticket) {
     if (ticket < 0) { return 1; }
     std::lock_guard<std::mutex> lk(u->mu);

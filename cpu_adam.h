@@ -53,8 +53,8 @@ void zf_cpu_accumulate(float* acc, const float* g, size_t n);
 //
 // Errors: a job returns 0 on success or a non-zero error code. The first non-zero code
 // sticks: later jobs are not run (they would work on state that is already wrong), and
-// every later zf_updater_wait / zf_updater_drain / zf_updater_destroy returns that code.
-// The failure is also printed to stderr when it happens, so it cannot go unnoticed.
+// every later zf_updater_wait / zf_updater_drain / zf_updater_destroy returns that code,
+// and zf_updater_error tells it without waiting.
 //
 // OpenMP: a job may call zf_cpu_adam_step; its parallel region runs on a team of the
 // updater thread, separate from any team of the main thread (libgomp keeps one thread
@@ -77,8 +77,12 @@ long zf_updater_submit(ZfUpdater* u, ZfJobFn fn, void* arg);
 // Block until the job with this ticket (and so every earlier one) has finished or been
 // skipped. Returns 0, or the first error of any job finished so far. A negative ticket
 // ("no job yet") returns at once; a ticket never handed out aborts (it would hang).
-// Not to be called from inside a job (that would wait for itself).
+// Not to be called from inside a job of the same updater (it would wait for itself); a job
+// may wait for another updater's ticket, as long as no job of that one waits back.
 int zf_updater_wait(ZfUpdater* u, long ticket);
+
+// Without blocking: the first error of any job so far, or 0 (u may be NULL: 0).
+int zf_updater_error(ZfUpdater* u);
 
 // Block until every submitted job has finished. Returns 0 or the first error.
 int zf_updater_drain(ZfUpdater* u);

@@ -5,8 +5,8 @@ Read zf_step from top to bottom: it is the spec's step, in the spec's order, wit
 section numbers in comments. Everything a device does (compute column scores, run AdamW
 on the GPU-owned elements, move columns between the two sides) is a primitive of a
 backend (ZfBackend): the CUDA trainer's lives in zenflow.cuh, the CPU reference trainer's
-in dev/train_gpt2.cpp. The CPU side is the same code for both: cpu_adam.cpp, run by one
-background thread (the updater).
+in dev/train_gpt2.cpp. The CPU side is the same code for both: cpu_adam.cpp, run (with
+overlap) by two background threads, the updater and the accumulator (see "Threads" below).
 
 Who owns what (spec 3), in one picture, for one matrix W (OC rows, IC columns):
 
@@ -30,7 +30,7 @@ gradient has caught up with the GPU-owned ones' per-step gradient, or after U_ma
 
 Transport (spec 7), where the window's gradient sum A of the CPU-owned columns is formed:
   cpu:  every step the backend copies the CPU-owned gradient columns into a host staging
-        buffer and the updater adds them into A (two staging buffers take turns, so the
+        buffer and the accumulator adds them into A (two staging buffers take turns, so the
         copy of step t+1 never overwrites what the job of step t still reads);
   gpu:  the gradient buffer itself keeps adding up the CPU-owned columns over the window
         (zf_before_backward zeroes only the GPU-owned parts inside a window), and A is copied
@@ -60,10 +60,13 @@ queue behind the update and the training loop would wait inside the window. The 
 window w starts once w's last accumulation is done (it waits for that ticket itself); the
 accumulations of window w+1 write the other A, which the main thread hands out only after
 waiting for the update that last read it. A job reads only buffers that nothing writes until
-the main thread has waited for that job, and the main thread waits only at fixed points (a
-boundary, reusing a staging buffer, auto U's decision, a drain). Copies between host and
-device may still be in flight when a primitive returns: a job calls host_wait on a buffer
-before it touches it. So the results never depend on timing.
+the main thread has waited for that job (the update's A: once the accumulations it waits for
+are done), and the main thread waits only at fixed points (a boundary, reusing a staging
+buffer, auto U's decision, a drain). Waits go one way only: the updater may wait for the
+accumulator, never the reverse, so they cannot deadlock. Copies between host and device may
+still be in flight when a primitive returns: a job calls host_wait on a buffer before it
+touches it. So the results never depend on timing. A job that fails stops training at the
+next step (zf_check_threads), naming its thread.
 */
 #ifndef ZENFLOW_H
 #define ZENFLOW_H
@@ -186,7 +189,7 @@ typedef struct {
     void (*abs_sums)(void* ctx, const struct ZenFlow* zf, double* sel, double* cpu);
     void (*abs_sums_wait)(void* ctx);
     // optional: blocks until no copy into or out of this host buffer is in flight any more
-    // (called by the updater thread as well as the main thread)
+    // (called by the main thread and both CPU threads)
     void (*host_wait)(void* ctx, const float* host);
     // optional, for measuring stalls: the main thread is about to block on the CPU side
     // (begin = 1) or has stopped blocking (begin = 0); never nested by zenflow.h
@@ -197,6 +200,14 @@ typedef struct {
     int traces_device;
 } ZfBackend;
 
+// a job on one of the CPU threads (the updater or the accumulator); ticket -1: none
+typedef struct ZfTicket {
+    ZfUpdater* thread;
+    long ticket;
+} ZfTicket;
+
+static const ZfTicket zf_no_job = {NULL, -1};
+
 // the frozen inputs of one window's CPU update (spec 5: a job reads only frozen buffers)
 typedef struct {
     struct ZenFlow* zf;
@@ -205,8 +216,8 @@ typedef struct {
     int step;          // s = t + 1 of the boundary step
     ZfAdamHyper hyper;
     int prefetch;      // 1 (in the background): start the result's copy to the device when done
-    long acc_ticket;   // CPU transport in the background: the window's last accumulation on the
-                       // accumulator thread, which the update waits for first (-1: none)
+    struct ZfTicket after;  // CPU transport in the background: the window's last accumulation,
+                            // on the accumulator thread; the update waits for it first
     double ms;         // out: how long the update took (without waiting for copies)
 } ZfWindowJob;
 
@@ -218,15 +229,8 @@ typedef struct {
     size_t n;            // CPU-owned elements
     int first;           // first step of the window: A = 0 + g_t
     double* abs_sums;    // auto U: then, per matrix, the sum of |A| over its elements (or NULL)
+    int step;            // s = t + 1 (for the failure test's switch and its message)
 } ZfAccumulateJob;
-
-// a job on one of the CPU threads (the updater or the accumulator); ticket -1: none
-typedef struct {
-    ZfUpdater* thread;
-    long ticket;
-} ZfTicket;
-
-static const ZfTicket zf_no_job = {NULL, -1};
 
 typedef struct ZenFlow {
     ZfConfig cfg;
@@ -286,6 +290,7 @@ typedef struct ZenFlow {
     int closed_window;    // steps in the window the last zf_step closed (0: it closed none)
     int auto_pending;     // the sums of the last step are on their way (zf_auto_decide)
     ZfTicket auto_job;    // ... and, CPU accumulation, the accumulation that computes sum_cpu
+    int failed_step;          // the step (s) whose accumulation failed (set atomically by it)
     double cpu_update_ms;     // duration of the last finished window update
     long long cpu_work_us;    // all CPU optimizer work so far (accumulations + updates), both
                               // threads add to it (atomically): read with zf_cpu_work_ms
@@ -475,18 +480,33 @@ static inline void zf_accumulate_first(float* acc, const float* g, size_t n) {
     for (size_t i = 0; i < n; i++) { acc[i] = 0.0f + g[i]; }
 }
 
-// sum of |x[i]| over n floats, in double (auto U, spec 6); a static schedule, so the same
-// thread count gives the same sum
+// sum of |x[i]| over n floats, in double (auto U, spec 6): fixed chunks summed in order,
+// so the result does not depend on how many threads there are (an OpenMP reduction's would)
 static inline double zf_abs_sum(const float* x, size_t n) {
+    const size_t chunk = 1 << 16;
+    const size_t chunks = (n + chunk - 1) / chunk;
+    std::vector<double> part(chunks);
+#pragma omp parallel for schedule(static) if (chunks > 1)
+    for (size_t c = 0; c < chunks; c++) {
+        double sum = 0.0;
+        for (size_t i = c * chunk; i < std::min(n, (c + 1) * chunk); i++) { sum += fabs((double)x[i]); }
+        part[c] = sum;
+    }
     double sum = 0.0;
-#pragma omp parallel for schedule(static) reduction(+ : sum) if (n >= (1 << 16))
-    for (size_t i = 0; i < n; i++) { sum += fabs((double)x[i]); }
+    for (double p : part) { sum += p; }
     return sum;
 }
 
 // spec 4.4: A += g_t for the CPU-owned elements (CPU transport)
 static int zf_accumulate(void* arg) {
     ZfAccumulateJob* job = (ZfAccumulateJob*)arg;
+    // debug switch for the failure tests: ZF_FAIL_ACCUMULATE_AT_STEP=<s> makes the
+    // accumulation of step s (1-based) fail, as a real error in the CPU side would
+    const char* fail_at = getenv("ZF_FAIL_ACCUMULATE_AT_STEP");
+    if (fail_at != NULL && atoi(fail_at) == job->step) {
+        __atomic_store_n(&job->zf->failed_step, job->step, __ATOMIC_RELAXED);
+        return 7;
+    }
     zf_host_wait(job->zf, job->grads);  // the copy of g_t from the device has landed
     double t0 = zf_now_ms();
     if (job->first) {
@@ -514,9 +534,9 @@ static int zf_window_update(void* arg) {
     // closed at step s (1-based) fail, as a real error in the CPU side would
     const char* fail_at = getenv("ZF_FAIL_AT_STEP");
     if (fail_at != NULL && atoi(fail_at) == job->step) { return 7; }
-    if (job->acc_ticket >= 0) {  // A is complete once the window's last accumulation is
-        int status = zf_updater_wait(zf->accumulator, job->acc_ticket);
-        if (status != 0) { return status; }
+    if (job->after.ticket >= 0) {  // A is complete once the window's last accumulation is
+        int status = zf_updater_wait(job->after.thread, job->after.ticket);
+        if (status != 0) { return status; }  // (zf_check_threads names the accumulator)
     }
     zf_host_wait(zf, job->acc);     // GPU transport: A's copy from the device has landed
     zf_host_wait(zf, zf->master);   // the previous result has left for the device
@@ -548,7 +568,30 @@ static inline void zf_run_job(ZenFlow* zf, ZfUpdater* thread, ZfJobFn fn, void* 
     int status = fn(arg);
     zf_host_blocks(zf, 0);
     trace_event(TRACE_WAIT, "wait for CPU (synchronous)", t0, zf_now_ms());
-    if (status != 0) { zf_fail("step %d: the CPU update failed with code %d", s, status); }
+    if (status != 0) {
+        zf_fail("step %d: the CPU %s failed with code %d", s, fn == zf_accumulate ? "accumulation" : "update", status);
+    }
+}
+
+// A failed job stops training with one line naming its thread. The accumulator first: a
+// window update that waited for a failed accumulation fails with the same code.
+static inline void zf_fail_threads(ZenFlow* zf) {
+    int status = zf_updater_error(zf->accumulator);
+    if (status != 0) {
+        zf_fail("the CPU accumulator failed with code %d (the accumulation of step %d)", status,
+                __atomic_load_n(&zf->failed_step, __ATOMIC_RELAXED));
+    }
+    status = zf_updater_error(zf->updater);
+    if (status != 0) {
+        zf_fail("the CPU updater failed with code %d (the window update handed over at step %d)", status,
+                zf->job.step);
+    }
+}
+
+// Called every step: inside a window the main thread may not wait for the updater at all, so
+// without this a failed window update would surface only at the next boundary.
+static inline void zf_check_threads(ZenFlow* zf) {
+    if (zf_updater_error(zf->accumulator) != 0 || zf_updater_error(zf->updater) != 0) { zf_fail_threads(zf); }
 }
 
 // ----------------------------------------------------------------------------
@@ -565,10 +608,7 @@ static inline void zf_wait_ticket(ZenFlow* zf, ZfTicket job) {
     zf_host_blocks(zf, 1);
     int status = zf_updater_wait(job.thread, job.ticket);
     zf_host_blocks(zf, 0);
-    if (status != 0) {
-        zf_fail("the CPU %s failed with code %d (the window update handed over at step %d)",
-                job.thread == zf->accumulator ? "accumulator" : "updater", status, zf->job.step);
-    }
+    if (status != 0) { zf_fail_threads(zf); }
     trace_event(TRACE_WAIT, "wait for CPU", t0, zf_now_ms());
 }
 
@@ -587,11 +627,10 @@ static inline void zf_wait(ZenFlow* zf) {
     zf_wait_window(zf);
     double t0 = zf_now_ms();
     zf_host_blocks(zf, 1);
-    int acc_status = zf->accumulator != NULL ? zf_updater_drain(zf->accumulator) : 0;
-    int status = zf_updater_drain(zf->updater);
+    int status = zf->accumulator != NULL ? zf_updater_drain(zf->accumulator) : 0;
+    status |= zf_updater_drain(zf->updater);
     zf_host_blocks(zf, 0);
-    if (acc_status != 0) { zf_fail("the CPU accumulator failed with code %d", acc_status); }
-    if (status != 0) { zf_fail("the CPU updater failed with code %d", status); }
+    if (status != 0) { zf_fail_threads(zf); }
     trace_event(TRACE_WAIT, "wait for CPU", t0, zf_now_ms());
     zf->stage_reader[0] = zf->stage_reader[1] = zf_no_job;
     zf->auto_job = zf_no_job;
@@ -625,10 +664,13 @@ static inline void zf_forward_layer(ZenFlow* zf, int l) {
 // forward pass (a checkpoint of the model, the end of training)
 static inline void zf_apply_pending(ZenFlow* zf) { zf_forward_layer(zf, zf->num_groups); }
 
-// spec 4.7: before the end of training, a checkpoint, or an evaluation of final weights
+// spec 4.7: before the end of training, a checkpoint, or an evaluation of final weights.
+// Afterwards no CPU job is running (the open window's accumulations are done too), so an
+// error cannot go unreported and nothing is traced after the trainer closes the trace.
 static inline void zf_drain(ZenFlow* zf) {
     zf_apply_pending(zf);
     zf_wait_and_apply(zf);
+    zf_wait(zf);
 }
 
 // ----------------------------------------------------------------------------
@@ -870,6 +912,7 @@ static inline void zf_step(ZenFlow* zf, int t, ZfAdamHyper hyper) {
     const ZfConfig* cfg = &zf->cfg;
     const ZfBackend* be = &zf->backend;
     const int s = t + 1;
+    zf_check_threads(zf);
     if (t == 0 && cfg->warmup > 0) { zf_start_warmup(zf); }
     const int warmup = t < cfg->warmup;
 
@@ -911,7 +954,7 @@ static inline void zf_step(ZenFlow* zf, int t, ZfAdamHyper hyper) {
             // (auto U, a step that does not close: the job also sums |A| for spec 6)
             ZfAccumulateJob* job = &zf->acc_jobs[stage];
             *job = ZfAccumulateJob{zf, zf->grad_stage[stage], zf->acc, zf->cpu_elems,
-                                   zf->window_count == 0, auto_u && !closes ? zf->sum_cpu : NULL};
+                                   zf->window_count == 0, auto_u && !closes ? zf->sum_cpu : NULL, s};
             zf_run_job(zf, background ? zf->accumulator : NULL, zf_accumulate, job, &zf->stage_reader[stage], s);
         }
     }
@@ -948,7 +991,7 @@ static inline void zf_step(ZenFlow* zf, int t, ZfAdamHyper hyper) {
             zf_grads_to_host(zf, zf->acc);  // A, once per window
             window_sum = zf->acc;
         }
-        ZfWindowJob job = {zf, window_sum, n, s, cpu_hyper, 0, -1, 0.0};
+        ZfWindowJob job = {zf, window_sum, n, s, cpu_hyper, 0, zf_no_job, 0.0};
         zf_run_job(zf, NULL, zf_window_update, &job, NULL, s);
         zf->cpu_update_ms = job.ms;
         if (zf->pipeline) {
@@ -971,8 +1014,8 @@ static inline void zf_step(ZenFlow* zf, int t, ZfAdamHyper hyper) {
             zf_grads_to_host(zf, zf->acc_job);  // A, once per window (the buffer that was acc)
         }
         // (CPU transport: the update starts after this step's accumulation, on the other thread)
-        long acc_ticket = cfg->transport == ZF_ACC_CPU && !single ? zf->stage_reader[stage].ticket : -1;
-        zf->job = ZfWindowJob{zf, window_sum, n, s, cpu_hyper, 1, acc_ticket, 0.0};
+        ZfTicket after = cfg->transport == ZF_ACC_CPU && !single ? zf->stage_reader[stage] : zf_no_job;
+        zf->job = ZfWindowJob{zf, window_sum, n, s, cpu_hyper, 1, after, 0.0};
         zf->pending_ticket = zf_updater_submit(zf->updater, zf_window_update, &zf->job);
         if (cfg->transport == ZF_ACC_CPU && single) {
             zf->stage_reader[stage] = ZfTicket{zf->updater, zf->pending_ticket};  // it reads the stage
@@ -1103,14 +1146,12 @@ static inline void zf_load_state(ZenFlow* zf, FILE* fp, const char* path) {
 }
 
 static inline void zf_free(ZenFlow* zf) {
-    ZfUpdater* threads[2] = {zf->updater, zf->accumulator};  // (a window update may wait for the accumulator)
-    for (ZfUpdater* thread : threads) {
-        int status = zf_updater_destroy(thread);  // (NULL: nothing)
-        if (status != 0) {
-            fprintf(stderr, "error: the CPU %s failed with code %d\n", thread == zf->updater ? "updater" : "accumulator",
-                    status);
-        }
-    }
+    // the updater first: a window update may still wait for the accumulator
+    int status = zf_updater_destroy(zf->updater);  // (NULL: nothing)
+    if (status != 0) { fprintf(stderr, "error: the CPU updater failed with code %d\n", status); }
+    status = zf_updater_destroy(zf->accumulator);
+    if (status != 0) { fprintf(stderr, "error: the CPU accumulator failed with code %d\n", status); }
+    zf->updater = zf->accumulator = NULL;
     for (int i = 0; i < zf->num_matrices; i++) { free(zf->matrices[i].cols_by_owner); }
     free(zf->matrices);
     free(zf->group_mats);

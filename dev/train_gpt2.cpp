@@ -803,19 +803,26 @@ static void cpu_params_from_host(void* ctx, const ZenFlow* zf, const float* host
 }
 
 // auto U (spec 6): per matrix, the sum of |g| over its GPU-owned elements, and over its
-// CPU-owned ones (with -za gpu: A), in double (a static schedule: the same thread count gives
-// the same sums)
+// CPU-owned ones (with -za gpu: A), in double: per row, then the rows in order, so the sums do
+// not depend on the thread count
 static void cpu_abs_sums(void* ctx, const ZenFlow* zf, double* sel, double* cpu) {
     const float* grads = ((CpuDevice*)ctx)->model->grads_memory;
+    std::vector<double> row_sel, row_cpu;
     for (int i = 0; i < zf->num_matrices; i++) {
         const ZfMatrix* mat = &zf->matrices[i];
         const int* order = mat->cols_by_owner;
-        double s = 0.0, c = 0.0;
-#pragma omp parallel for schedule(static) reduction(+ : s, c)
+        row_sel.assign(mat->rows, 0.0);
+        row_cpu.assign(mat->rows, 0.0);
+#pragma omp parallel for schedule(static)
         for (int o = 0; o < mat->rows; o++) {
             const float* row = grads + mat->offset + (size_t)o * mat->cols;
-            for (int r = 0; r < mat->n_sel; r++) { s += fabs((double)row[order[r]]); }
-            for (int r = mat->n_sel; r < mat->cols; r++) { c += fabs((double)row[order[r]]); }
+            for (int r = 0; r < mat->n_sel; r++) { row_sel[o] += fabs((double)row[order[r]]); }
+            for (int r = mat->n_sel; r < mat->cols; r++) { row_cpu[o] += fabs((double)row[order[r]]); }
+        }
+        double s = 0.0, c = 0.0;
+        for (int o = 0; o < mat->rows; o++) {
+            s += row_sel[o];
+            c += row_cpu[o];
         }
         sel[i] = s;
         if (cpu != NULL) { cpu[i] = c; }

@@ -67,8 +67,8 @@ static inline int trace_active(void) {
 // an event of a given step: the CUDA trainer writes its GPU work once the events that timed
 // it have completed, which can be a step later (llmc/cuda_trace.cuh)
 static inline void trace_event_at(TraceTrack track, const char* name, double t0_ms, double t1_ms, int step) {
+    std::lock_guard<std::mutex> lock(g_trace.mu);  // (fp too: trace_close may run meanwhile)
     if (g_trace.fp == NULL || step < g_trace.first_step || step > g_trace.last_step) { return; }
-    std::lock_guard<std::mutex> lock(g_trace.mu);
     fprintf(g_trace.fp,
             ",\n{\"name\": \"%s\", \"ph\": \"X\", \"pid\": 1, \"tid\": %d, \"ts\": %.1f, "
             "\"dur\": %.1f, \"args\": {\"step\": %d}}",
@@ -81,6 +81,7 @@ static inline void trace_event(TraceTrack track, const char* name, double t0_ms,
 }
 
 static inline void trace_close(void) {
+    std::lock_guard<std::mutex> lock(g_trace.mu);
     if (g_trace.fp == NULL) { return; }
     fprintf(g_trace.fp, "\n]}\n");
     fclose(g_trace.fp);

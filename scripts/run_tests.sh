@@ -58,6 +58,11 @@ run_test cpu_adam ./test_cpu_adam
 run_test cpu_adam_tsan ./test_cpu_adam_tsan
 # the orchestration under ThreadSanitizer: the overlap cases, where the updater thread works
 run_test zenflow_tsan ./test_zenflow_tsan dev/test/ref/zf_a
+# the trainer under ThreadSanitizer, traced (-tr), its CPU threads slowed down at random so
+# that jobs are still running when training ends (ThreadSanitizer exits 66 on a report)
+run_test trainer_tsan env ZF_UPDATER_DELAY_US=100000 ./train_gpt2cpu_tsan -e dev/test/ref/tiny/model.bin \
+    -i dev/test/ref/tiny/train.bin -j dev/test/ref/tiny/train.bin -b 4 -t 16 -x 6 -v 0 -s 0 -zo zenflow -zu 4 \
+    -tr "$LOG_DIR/trainer_tsan_trace.json" -tf 1 -tn 10
 run_test plots "$PYTHON" scripts/test_plots.py
 run_test bad_input_cpu "$PYTHON" scripts/test_bad_input.py ./train_gpt2cpu
 

@@ -11,12 +11,15 @@ CUDA source on the CPU emulator). The case dir is a test reference (dev/test/ref
    last stderr line says "interrupted (SIGINT)", a checkpoint of the step it stopped at
    exists, and resuming it with -y 1 ends byte-identical to an uninterrupted run.
 2. a failing CPU update (ZF_FAIL_AT_STEP=6, the debug switch of zenflow.h), with overlap on
-   and off: exit 1, one line naming the updater and the step.
+   and off: exit 1, one line naming the updater and the step; a failing accumulation
+   (ZF_FAIL_ACCUMULATE_AT_STEP=5, inside a window) likewise, naming the accumulator with
+   overlap on; either way training stops within a step (at most one more step line).
 3. a non-finite parameter (a nan planted in lnfw of the model file): exit 1, one line naming
    the step, the loss and the tensor lnfw.
 Prints one line per check and `failures: N passed, M failed`; exit 1 on failure.
 """
 import os
+import re
 import shutil
 import signal
 import struct
@@ -46,8 +49,9 @@ def stderr_lines(text):
     return [l for l in text.splitlines() if l.strip()]
 
 
-def one_line_failure(argv, needles, env=None):
-    """runs argv; the problems if it did not exit 1 with one stderr line holding every needle"""
+def one_line_failure(argv, needles, env=None, max_step=None):
+    """runs argv; the problems if it did not exit 1 with one stderr line holding every needle
+    (and, with max_step, if it printed a training step line after step max_step)"""
     r = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=300)
     lines = stderr_lines(r.stderr)
     problems = []
@@ -55,6 +59,9 @@ def one_line_failure(argv, needles, env=None):
         problems.append(f"exit code {r.returncode} (want 1)")
     if len(lines) != 1 or any(n not in lines[0] for n in needles):
         problems.append(f"stderr {lines[-3:]}")
+    steps = [int(m.group(1)) for m in re.finditer(r"^step (\d+)/\d+ \| loss", r.stdout, re.M)]
+    if max_step is not None and steps and steps[-1] > max_step:
+        problems.append(f"trained on to step {steps[-1]} (want at most {max_step})")
     return problems, f"'{lines[0] if lines else ''}'"
 
 
@@ -106,12 +113,19 @@ def main():
         check("SIGINT", problems, f"stopped before step {stopped + 1}: '{lines[0] if lines else ''}'; "
               f"resumed to step {steps}, final model byte-identical")
 
-        # 2. the CPU update fails
-        for overlap in ("1", "0"):
-            env = dict(os.environ, ZF_FAIL_AT_STEP="6")  # U = 3: a window closes at step 6
-            argv = base_args(trainer, case, 20) + ZENFLOW[:-1] + [overlap]
-            check(f"updater failure, overlap {'on' if overlap == '1' else 'off'}",
-                  *one_line_failure(argv, ["CPU update", "step 6"], env))
+        # 2. the CPU update fails (U = 3: a window closes at step 6), or an accumulation
+        # inside a window (step 5); either stops training at the next step (7 or 6)
+        fails = [("updater failure", "ZF_FAIL_AT_STEP", "6", ["CPU update", "step 6"], ["CPU update", "step 6"]),
+                 ("accumulator failure", "ZF_FAIL_ACCUMULATE_AT_STEP", "5", ["CPU accumulator", "step 5"],
+                  ["CPU accumulation", "step 5"])]
+        for name, var, step, needles_on, needles_off in fails:
+            for overlap in ("1", "0"):
+                env = dict(os.environ, **{var: step})
+                argv = base_args(trainer, case, 20) + ZENFLOW[:-1] + [overlap]
+                # (the failed job is seen at the next step's start, or, should it not have run
+                # yet, a step later: at most one more step line)
+                check(f"{name}, overlap {'on' if overlap == '1' else 'off'}",
+                      *one_line_failure(argv, needles_on if overlap == "1" else needles_off, env, int(step) + 1))
 
         # 3. a nan in lnfw (the second-to-last tensor: the last 2C floats are lnfw, lnfb)
         with open(f"{case}/model.bin", "rb") as f:
