@@ -107,6 +107,11 @@ if [ -x ./test_gpt2cu ]; then
         run_test dev_cuda make -s -C dev/cuda run
     else
         skip_test dev_cuda "no CUDA device (the programs were compiled by make; they run in scripts/gpu_check.sh)"
+        # the GPU check script itself, without a device: it builds for sm_90, finds the
+        # references, runs what needs no GPU, and every other stage must say SKIPPED (not
+        # FAIL) and the summary table come out: a broken script is found here, not on a
+        # lent GPU's scarce minutes
+        run_test gpu_check_script bash scripts/gpu_check.sh "$LOG_DIR/gpu_check"
     fi
 else
     skip_test test_gpt2cu "nvcc not found, CUDA trainer not built (install the CUDA toolkit)"
