@@ -14,7 +14,10 @@
 #   --warmup    steps not measured (default 4: the first selection and the first window)
 #   --steps     measured steps (default 24; a multiple of U = 4, so that every measured
 #               window's H2D is counted once)
-#   --no-gpu-check  run even where nvidia-smi finds no GPU (to test this script with a stand-in)
+#   --batch, --seq  B and T (default 4 and 1024; smaller ones to try the script on a stand-in)
+#   --no-gpu-check  run even where nvidia-smi finds no GPU (to test this script with a stand-in,
+#               e.g. the CPU emulator's build/emu/train_gpt2cu on a small model: its PCIe bytes
+#               are counted by the same code, its times mean nothing)
 #
 # Modes: adamw (everything on the GPU), offload (every matrix on the CPU, synchronous),
 # zenflow-cpu (k = 0.1, U = 4, overlap; the paper's transport: every step's CPU-owned
@@ -50,6 +53,8 @@ WARMUP=4
 STEPS=24
 BUDGET=0
 NO_GPU_CHECK=0
+B=4
+T=1024
 while [ $# -gt 0 ]; do
     case $1 in
         --quick) MODELS="d12 d48"; MODES="adamw offload zenflow-cpu zenflow-gpu"; STEPS=8; shift ;;
@@ -60,6 +65,8 @@ while [ $# -gt 0 ]; do
         --models) MODELS=$2; shift 2 ;;
         --warmup) WARMUP=$2; shift 2 ;;
         --steps) STEPS=$2; shift 2 ;;
+        --batch) B=$2; shift 2 ;;
+        --seq) T=$2; shift 2 ;;
         --no-gpu-check) NO_GPU_CHECK=1; shift ;;
         -h|--help) sed -n '2,40p' "$0"; exit 0 ;;
         *) echo "bench_zenflow.sh: unknown argument $1 (hint: --help)" >&2; exit 2 ;;
@@ -78,8 +85,6 @@ fi
 CXX=${CXX:-g++}
 DEVICE=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
 DEVICE=${DEVICE:-unknown GPU}
-B=4
-T=1024
 U=4
 K=0.1
 

@@ -94,6 +94,8 @@ run_test emu_trainers_agree "$PYTHON" scripts/test_trainers_agree.py ./train_gpt
 run_test emu_resume env EMU_SCHEDULE=lazy "$PYTHON" scripts/test_resume.py build/emu/train_gpt2cu dev/test/ref/tiny --kills 3
 run_test emu_bad_input "$PYTHON" scripts/test_bad_input.py build/emu/train_gpt2cu --emulated-gpu
 run_test emu_trace env EMU_SCHEDULE=lazy "$PYTHON" scripts/test_trace.py build/emu/train_gpt2cu dev/test/ref/tiny
+# PCIe bytes per step of every mode (bench_zenflow.sh on a small model) against the shapes
+run_test emu_pcie_bytes "$PYTHON" scripts/test_pcie_bytes.py build/emu/train_gpt2cu
 run_test trace_cpu "$PYTHON" scripts/test_trace.py ./train_gpt2cpu dev/test/ref/tiny
 run_test failures_cpu "$PYTHON" scripts/test_failures.py ./train_gpt2cpu dev/test/ref/tiny
 run_test emu_failures "$PYTHON" scripts/test_failures.py build/emu/train_gpt2cu dev/test/ref/tiny --steps 30

@@ -1,0 +1,95 @@
+#!/usr/bin/python3
+"""
+PCIe bytes per step of each optimizer mode (issue 5's target: within 2% of spec section 7's
+formula), checked without a GPU: scripts/bench_zenflow.sh runs a CUDA trainer on a small
+model and reports the bytes its ZenFlow backend handed to the copy engines per step
+(zenflow.cuh counts each cudaMemcpyAsync); this script computes the same numbers from the
+model's shapes alone and compares:
+  exact:    every matrix's CPU-owned columns, cols - n_sel with n_sel = floor(k cols + 0.5)
+            (spec 2): offload moves all of M down and up every step; zenflow-cpu the
+            CPU-owned part down every step and up once per window of U; zenflow-gpu down and
+            up once per window. Must agree to the byte (up to the table's rounding).
+  formula:  spec 7's approximation with k itself (offload 2 x 4M, zenflow-cpu (1-k) 4M
+            (1 + 1/U), zenflow-gpu 2 (1-k) 4M / U): within 2%, as issue 5 asks.
+
+    /usr/bin/python3 scripts/test_pcie_bytes.py <trainer> [--model d2c64h2]
+
+<trainer>: build/emu/train_gpt2cu (the CPU emulator of the CUDA code, what make test uses) or
+./train_gpt2cu on a GPU. Its step times mean nothing here; only the byte counts are checked.
+"""
+import os
+import subprocess
+import sys
+import tempfile
+
+K, U, WARMUP, STEPS = 0.1, 4, 4, 8  # bench_zenflow.sh's zenflow settings; STEPS a multiple of U
+MODES = ["adamw", "offload", "zenflow-cpu", "zenflow-gpu"]
+VOCAB_PADDED, MAX_T = 50304, 1024
+
+
+def matrices(spec):
+    """(rows, cols) of every weight matrix of model d<L>c<C>h<NH>, as zenflow.h lists them"""
+    L = int(spec[1:spec.index("c")])
+    C = int(spec[spec.index("c") + 1:spec.index("h")])
+    layer = [(3 * C, C), (C, C), (4 * C, C), (C, 4 * C)]  # qkvw, attprojw, fcw, fcprojw: (OC, IC)
+    return [(VOCAB_PADDED, C), (MAX_T, C)] + layer * L
+
+
+def expected_mb(spec):
+    """per mode: (d2h, h2d) MB per step, exact and by the formula"""
+    mats = matrices(spec)
+    M = sum(r * c for r, c in mats)
+    cpu = sum(r * (c - int(K * c + 0.5)) for r, c in mats)  # spec 2: n_sel = floor(k IC + 0.5)
+    exact = {"adamw": (0, 0), "offload": (4 * M, 4 * M), "zenflow-cpu": (4 * cpu, 4 * cpu / U),
+             "zenflow-gpu": (4 * cpu / U, 4 * cpu / U)}
+    formula = {"offload": 2 * 4 * M, "zenflow-cpu": (1 - K) * 4 * M * (1 + 1 / U),
+               "zenflow-gpu": 2 * (1 - K) * 4 * M / U}
+    return {m: (d / 1e6, h / 1e6) for m, (d, h) in exact.items()}, {m: f / 1e6 for m, f in formula.items()}
+
+
+def main():
+    args = sys.argv[1:]
+    model = "d2c64h2"
+    if "--model" in args:
+        i = args.index("--model")
+        model = args[i + 1]
+        del args[i:i + 2]
+    if len(args) != 1:
+        print(__doc__)
+        return 2
+    trainer = args[0]
+    with tempfile.TemporaryDirectory() as out:
+        argv = ["bash", "scripts/bench_zenflow.sh", "--bin", trainer, "--no-gpu-check", "--models", model,
+                "--modes", " ".join(MODES), "--warmup", str(WARMUP), "--steps", str(STEPS), "--batch", "2",
+                "--seq", "32", "--out", out]
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=900)
+        if r.returncode != 0:
+            print(r.stdout[-3000:], r.stderr[-3000:])
+            print(f"FAIL bench_zenflow.sh exited {r.returncode}")
+            return 1
+        with open(os.path.join(out, "results.txt")) as f:
+            rows = {line.split()[1]: line.split() for line in f if line.split()[0] == model}
+    exact, formula = expected_mb(model)
+    failed = 0
+    print(f"{model}, k {K}, U {U}, {STEPS} measured steps: MB per step (1 MB = 1e6 bytes)")
+    print(f"{'mode':12} {'D2H':>9} {'expected':>9} {'H2D':>9} {'expected':>9} {'vs formula':>10}  verdict")
+    for mode in MODES:
+        row = rows.get(mode)
+        if row is None or row[2] in ("SKIPPED", "FAILED"):
+            print(f"{mode:12} no result: {' '.join(row or [])}  FAIL")
+            failed += 1
+            continue
+        d2h, h2d = float(row[6]), float(row[7])
+        want_d2h, want_h2d = exact[mode]
+        same = abs(d2h - want_d2h) <= 0.0005 + 1e-9 and abs(h2d - want_h2d) <= 0.0005 + 1e-9  # %.3f in the file
+        ratio = (d2h + h2d) / formula[mode] if mode in formula else None
+        ok = same and (ratio is None or abs(ratio - 1) <= 0.02)
+        failed += not ok
+        print(f"{mode:12} {d2h:9.3f} {want_d2h:9.3f} {h2d:9.3f} {want_h2d:9.3f} "
+              f"{'-' if ratio is None else f'{ratio:.4f}':>10}  {'ok' if ok else 'FAIL'}")
+    print(f"pcie bytes: {len(MODES) - failed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
