@@ -11,6 +11,9 @@ model's shapes alone and compares:
             up once per window. Must agree to the byte (up to the table's rounding).
   formula:  spec 7's approximation with k itself (offload 2 x 4M, zenflow-cpu (1-k) 4M
             (1 + 1/U), zenflow-gpu 2 (1-k) 4M / U): within 2%, as issue 5 asks.
+And the GPU's optimizer state (the trainer's memory table; issue 5: "about k of adamw's"):
+m and v of every vector and of the selected columns, against the shapes (to the table's
+0.1 MiB), with its fraction of adamw's printed.
 
     /usr/bin/python3 scripts/test_pcie_bytes.py <trainer> [--model d2c64h2]
 
@@ -25,6 +28,13 @@ import tempfile
 K, U, WARMUP, STEPS = 0.1, 4, 4, 8  # bench_zenflow.sh's zenflow settings; STEPS a multiple of U
 MODES = ["adamw", "offload", "zenflow-cpu", "zenflow-gpu"]
 VOCAB_PADDED, MAX_T = 50304, 1024
+
+
+def vector_elems(spec):
+    """the 1-D parameters (LayerNorm gains and biases, matmul biases): always GPU-owned"""
+    L = int(spec[1:spec.index("c")])
+    C = int(spec[spec.index("c") + 1:spec.index("h")])
+    return L * (C + C + 3 * C + C + C + C + 4 * C + C) + 2 * C  # ln1 w b, qkvb, attprojb, ln2 w b, fcb, fcprojb; lnf
 
 
 def matrices(spec):
@@ -44,7 +54,12 @@ def expected_mb(spec):
              "zenflow-gpu": (4 * cpu / U, 4 * cpu / U)}
     formula = {"offload": 2 * 4 * M, "zenflow-cpu": (1 - K) * 4 * M * (1 + 1 / U),
                "zenflow-gpu": 2 * (1 - K) * 4 * M / U}
-    return {m: (d / 1e6, h / 1e6) for m, (d, h) in exact.items()}, {m: f / 1e6 for m, f in formula.items()}
+    gpu_sel = sum(r * int(K * c + 0.5) for r, c in mats)
+    vec = vector_elems(spec)
+    opt = {"adamw": vec + M, "offload": vec, "zenflow-cpu": vec + gpu_sel, "zenflow-gpu": vec + gpu_sel}
+    opt_mib = {m: 2 * 4 * n / 1048576 for m, n in opt.items()}  # m and v, fp32
+    return ({m: (d / 1e6, h / 1e6) for m, (d, h) in exact.items()}, {m: f / 1e6 for m, f in formula.items()},
+            opt_mib)
 
 
 def main():
@@ -69,10 +84,11 @@ def main():
             return 1
         with open(os.path.join(out, "results.txt")) as f:
             rows = {line.split()[1]: line.split() for line in f if line.split()[0] == model}
-    exact, formula = expected_mb(model)
+    exact, formula, opt_mib = expected_mb(model)
     failed = 0
     print(f"{model}, k {K}, U {U}, {STEPS} measured steps: MB per step (1 MB = 1e6 bytes)")
-    print(f"{'mode':12} {'D2H':>9} {'expected':>9} {'H2D':>9} {'expected':>9} {'vs formula':>10}  verdict")
+    print(f"{'mode':12} {'D2H':>9} {'expected':>9} {'H2D':>9} {'expected':>9} {'vs formula':>10} "
+          f"{'opt MiB':>8} {'expected':>8} {'of adamw':>8}  verdict")
     for mode in MODES:
         row = rows.get(mode)
         if row is None or row[2] in ("SKIPPED", "FAILED"):
@@ -83,10 +99,13 @@ def main():
         want_d2h, want_h2d = exact[mode]
         same = abs(d2h - want_d2h) <= 0.0005 + 1e-9 and abs(h2d - want_h2d) <= 0.0005 + 1e-9  # %.3f in the file
         ratio = (d2h + h2d) / formula[mode] if mode in formula else None
-        ok = same and (ratio is None or abs(ratio - 1) <= 0.02)
+        opt = float(row[8])
+        opt_ok = abs(opt - opt_mib[mode]) <= 0.05 + 1e-9  # printed as %.1f MiB
+        ok = same and opt_ok and (ratio is None or abs(ratio - 1) <= 0.02)
         failed += not ok
         print(f"{mode:12} {d2h:9.3f} {want_d2h:9.3f} {h2d:9.3f} {want_h2d:9.3f} "
-              f"{'-' if ratio is None else f'{ratio:.4f}':>10}  {'ok' if ok else 'FAIL'}")
+              f"{'-' if ratio is None else f'{ratio:.4f}':>10} {opt:8.1f} {opt_mib[mode]:8.2f} "
+              f"{opt_mib[mode] / opt_mib['adamw']:8.1%}  {'ok' if ok else 'FAIL'}")
     print(f"pcie bytes: {len(MODES) - failed} passed, {failed} failed")
     return 1 if failed else 0
 
