@@ -24,10 +24,10 @@ early differ, and differ from the plain CPU backend. Checks:
      delays change nothing;
   4. for information: the largest loss difference between -za cpu and -za gpu (spec 7: the
      backward's += rounds A differently from A += g);
-  5. -za cpu, stall-freedom inside a window (fixed U and auto U): a window update held back
-     until the next boundary never makes the training loop wait before it (the per-step
-     accumulations run on their own thread, never queued behind the update), and the run
-     stays bitwise the same.
+  5. stall-freedom inside a window (both transports, fixed U and auto U): a window update held
+     back until the next boundary never makes the training loop wait before it (with -za cpu
+     the per-step accumulations run on their own thread, never queued behind the update),
+     and the run stays bitwise the same.
 
   ./build/cuda/zenflow_async dev/test/ref/zf_a [more zf case dirs]   (make -C dev/cuda builds it)
 */
@@ -473,14 +473,17 @@ static void test_invariants(const char* dir) {
 // The update handed over at one boundary is held back until the loop has finished every step
 // before the next boundary (where it must wait for it). Had the loop waited for the update
 // earlier, directly or through a job queued after it, the hold would end only at its timeout.
-// Fixed U = 4 (the loop reuses a staging buffer after 2 steps: its job must not queue behind
-// the update) and auto U (each step's decision needs the step before's accumulation).
+// Fixed U = 4 (with -za cpu the loop reuses a staging buffer after 2 steps: its job must not
+// queue behind the update) and auto U (with -za cpu each step's decision needs the step
+// before's accumulation); -za gpu has no per-step CPU job at all.
 static void test_never_waits_inside_a_window(const char* dir) {
     ZfCase c = read_zf_case(dir);
-    printf("== -za cpu: a window update held back until the next boundary stalls no step inside the window\n");
-    for (int auto_u = 0; auto_u < 2; auto_u++) {
-        ZfConfig z = zf_default_config();  // k 0.1, U 4, overlap, -za cpu
+    printf("== a window update held back until the next boundary stalls no step inside the window\n");
+    for (int run_i = 0; run_i < 4; run_i++) {
+        int auto_u = run_i % 2, tr = run_i / 2;
+        ZfConfig z = zf_default_config();  // k 0.1, U 4, overlap
         z.select_interval = 0;             // one selection, at t = 0: no drain inside a window
+        z.transport = tr;
         if (auto_u) { z.update_interval = ZF_AUTO; }
         char win_path[] = "/tmp/zf_async_windows_XXXXXX";
         make_temp_file(win_path);
@@ -502,8 +505,8 @@ static void test_never_waits_inside_a_window(const char* dir) {
         Run held = run(dir, &c, z, LATE, NULL, 0, 1);
         g_hold_index = -1;
         char what[256];
-        snprintf(what, sizeof(what), "U=%s: update of the window closed at step %d held until step %d",
-                 auto_u ? "auto" : "4", windows[i].first, windows[i + 1].first);
+        snprintf(what, sizeof(what), "-za %s U=%s: update of the window closed at step %d held until %d",
+                 zf_transport_names[tr], auto_u ? "auto" : "4", windows[i].first, windows[i + 1].first);
         printf("  %-66s %s\n", what, g_hold_timeouts == 0 ? "no wait" : "FAIL (the loop waited for it)");
         check(g_hold_timeouts == 0, "the training loop waited inside a window for a held-back window update");
         report_same(same_run(held, free), "... and the run is the same as without the hold", REPORT_WIDTH);
