@@ -50,6 +50,7 @@ ZF_REFS="dev/test/ref/zf_a dev/test/ref/zf_b dev/test/ref/zf_c dev/test/ref/zf_d
 
 run_test tokenizer "$PYTHON" scripts/test_tokenizer.py
 run_test reference "$PYTHON" scripts/test_reference.py
+run_test zenflow_reference "$PYTHON" scripts/test_zenflow_reference.py
 run_test test_gpt2cpu ./test_gpt2cpu $REFS
 run_test test_zenflow ./test_zenflow $ZF_REFS
 # zenflow.cuh's copy/wait protocol with a stand-in device (no GPU needed)
