@@ -102,7 +102,11 @@ timeout_note() {  # a note for a status
     fi
     echo "commit: $commit"
     echo "host: $(hostname)"
-    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv 2>&1
+    if command -v nvidia-smi >/dev/null 2>&1; then
+        nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv 2>&1
+    else
+        echo "nvidia-smi: not installed (no GPU driver here)"
+    fi
     "$NVCC" --version 2>&1 | tail -2
 } >"$LOGDIR/env.log" 2>&1
 DEVICE=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
