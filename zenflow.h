@@ -573,9 +573,12 @@ static inline void zf_run_job(ZenFlow* zf, ZfUpdater* thread, ZfJobFn fn, void* 
     }
 }
 
-// A failed job stops training with one line naming its thread. The accumulator first: a
-// window update that waited for a failed accumulation fails with the same code.
-static inline void zf_fail_threads(ZenFlow* zf) {
+// A failed job stops training with one line naming its thread; nothing happens if none
+// failed. Called every step (inside a window the main thread may not wait for the updater at
+// all, so a failed window update would otherwise surface only at the next boundary) and after
+// a wait that returned an error. The accumulator first: a window update that waited for a
+// failed accumulation fails with the same code.
+static inline void zf_check_threads(ZenFlow* zf) {
     int status = zf_updater_error(zf->accumulator);
     if (status != 0) {
         zf_fail("the CPU accumulator failed with code %d (the accumulation of step %d)", status,
@@ -586,12 +589,6 @@ static inline void zf_fail_threads(ZenFlow* zf) {
         zf_fail("the CPU updater failed with code %d (the window update handed over at step %d)", status,
                 zf->job.step);
     }
-}
-
-// Called every step: inside a window the main thread may not wait for the updater at all, so
-// without this a failed window update would surface only at the next boundary.
-static inline void zf_check_threads(ZenFlow* zf) {
-    if (zf_updater_error(zf->accumulator) != 0 || zf_updater_error(zf->updater) != 0) { zf_fail_threads(zf); }
 }
 
 // ----------------------------------------------------------------------------
@@ -608,7 +605,7 @@ static inline void zf_wait_ticket(ZenFlow* zf, ZfTicket job) {
     zf_host_blocks(zf, 1);
     int status = zf_updater_wait(job.thread, job.ticket);
     zf_host_blocks(zf, 0);
-    if (status != 0) { zf_fail_threads(zf); }
+    if (status != 0) { zf_check_threads(zf); }
     trace_event(TRACE_WAIT, "wait for CPU", t0, zf_now_ms());
 }
 
@@ -630,7 +627,7 @@ static inline void zf_wait(ZenFlow* zf) {
     int status = zf->accumulator != NULL ? zf_updater_drain(zf->accumulator) : 0;
     status |= zf_updater_drain(zf->updater);
     zf_host_blocks(zf, 0);
-    if (status != 0) { zf_fail_threads(zf); }
+    if (status != 0) { zf_check_threads(zf); }
     trace_event(TRACE_WAIT, "wait for CPU", t0, zf_now_ms());
     zf->stage_reader[0] = zf->stage_reader[1] = zf_no_job;
     zf->auto_job = zf_no_job;
