@@ -453,6 +453,8 @@ typedef struct {
     ZfStaging* params_stage;  // the CPU's updated columns on their way in; == grads_stage
                               // unless CPU accumulation overlaps (both busy at once there)
     int prefetched;           // params_stage holds the master already (params_prefetch)
+    long long uploaded_bytes;  // host-to-device bytes of zf_cuda_upload's copies not yet counted
+                               // in a step's h2d_bytes (the updater thread adds too: atomic)
     ZfFence fences[ZF_MAX_FENCES];
     int num_fences;
     size_t staging_bytes, pinned_bytes;
@@ -575,6 +577,7 @@ static void zf_cuda_upload(ZfCudaDevice* dev, const ZenFlow* zf, ZfStaging* st, 
         zf_run_range(dev, zf, i0, i1, &at, &n);
         if (n > 0) {
             cudaCheck(cudaMemcpyAsync(st->buf + at, host + at, n * sizeof(float), cudaMemcpyHostToDevice, dev->h2d));
+            __atomic_add_fetch(&dev->uploaded_bytes, (long long)(n * sizeof(float)), __ATOMIC_RELAXED);
         }
     }
     gpu_trace_end(span, dev->h2d, TRACE_H2D, "packed columns");
@@ -727,14 +730,12 @@ static void zf_cuda_params_from_host(void* ctx, const ZenFlow* zf, const float* 
     int count, k = 0, i0, i1;
     const int* mats = zf_group(zf, group, &count);
     int span = gpu_trace_begin(0);
-    while (zf_next_run(mats, count, &k, &i0, &i1)) {
-        zf_cuda_scatter(dev, dev->params, st->buf, i0, i1);
-        size_t at, n;
-        zf_run_range(dev, zf, i0, i1, &at, &n);
-        dev->h2d_bytes += (double)n * sizeof(float);
-    }
+    while (zf_next_run(mats, count, &k, &i0, &i1)) { zf_cuda_scatter(dev, dev->params, st->buf, i0, i1); }
     gpu_trace_end(span, 0, TRACE_COMPUTE, "scatter columns (apply)");
     cudaCheck(cudaEventRecord(st->kernel_done, 0));
+    // the step of the apply counts the bytes uploaded for it, a prefetch's included (its job
+    // was waited for before this call, and the next prefetch starts only after it)
+    dev->h2d_bytes += (double)__atomic_exchange_n(&dev->uploaded_bytes, 0LL, __ATOMIC_RELAXED);
 }
 
 // zenflow.h's jobs call this before they touch a host buffer a copy may still be using
@@ -778,7 +779,7 @@ static void zf_cuda_grads_from_host(void* ctx, const ZenFlow* zf, const float* h
     zf_cuda_scatter(dev, dev->grads, st->buf, 0, dev->num_sets);
     cudaCheck(cudaEventRecord(st->kernel_done, 0));
     cudaCheck(cudaDeviceSynchronize());
-    dev->h2d_bytes += (double)zf->cpu_elems * sizeof(float);
+    dev->h2d_bytes += (double)__atomic_exchange_n(&dev->uploaded_bytes, 0LL, __ATOMIC_RELAXED);
 }
 
 // The GPU moments' layout (row by row per matrix) to and from zenflow.h's (column by
