@@ -7,6 +7,8 @@ of the spec (scripts/zenflow_reference.py), and the invariants that must hold ex
 A zenflow case directory holds model.bin, train.bin, case.txt ("B T steps lr wd"),
 zenflow.txt ("mode k U S W overlap"), and the reference's losses.txt and selections.txt.
 
+Every run trains as the trainer's main loop does, with its defaults: zf_before_backward
+zeroes the gradients, and the passes call the per-layer hooks (-zp 1, transfers per layer).
 1. Against the reference, per case: the columns chosen at every selection (every matrix),
    and the loss of every step (2e-5 absolute, the bound of test_gpt2cpu, for the same
    reason: the forward/backward sums differ in order, a few ulps).
@@ -20,7 +22,7 @@ zenflow.txt ("mode k U S W overlap"), and the reference's losses.txt and selecti
      the moments migrate at every other step, so this also proves no moment is lost);
    - offload equals adamw;
    - two identical zenflow runs give identical losses, also with random delays injected
-     into the updater thread (ZF_UPDATER_DELAY_US).
+     into the updater thread (ZF_UPDATER_DELAY_US), and with whole transfers (-zp 0).
 */
 #define TESTING
 #include "train_gpt2.cpp"
@@ -29,9 +31,11 @@ zenflow.txt ("mode k U S W overlap"), and the reference's losses.txt and selecti
 
 #include "test_common.h"
 
-// trains `steps` steps of the case's run with the given ZenFlow settings; returns the losses;
-// writes the selection log to sel_path if not NULL
-static std::vector<float> run(const char* dir, const ZfCase* c, ZfConfig z, const char* sel_path) {
+// trains `steps` steps of the case's run with the given ZenFlow settings, as the trainer's
+// main loop does (pipeline: -zp); returns the losses; writes the selection log to sel_path
+// if not NULL
+static std::vector<float> run(const char* dir, const ZfCase* c, ZfConfig z, const char* sel_path,
+                              int pipeline = 1) {
     char path[4096];
     snprintf(path, sizeof(path), "%s/model.bin", dir);
     GPT2 model;
@@ -42,13 +46,15 @@ static std::vector<float> run(const char* dir, const ZfCase* c, ZfConfig z, cons
     ZenFlow zf;
     CpuDevice device;
     zenflow_cpu_init(&zf, &device, &model, z);
+    zf.pipeline = pipeline;
+    model.zf = &zf;
     if (sel_path != NULL) { zf.selection_log = fopen_check(sel_path, "w"); }
     ZfAdamHyper hyper = {c->s.lr, 0.9f, 0.95f, 1e-8f, c->s.wd};
     std::vector<float> losses;
     for (int t = 0; t < c->s.steps; t++) {
         dataloader_next_batch(&loader);
         gpt2_forward(&model, loader.inputs, loader.targets, c->s.B, c->s.T);
-        gpt2_zero_grad(&model);
+        zf_before_backward(&zf, t);
         gpt2_backward(&model, c->s.B, c->s.T);
         zf_step(&zf, t, hyper);
         losses.push_back(model.mean_loss);
@@ -126,12 +132,16 @@ static void test_invariants(const char* dir) {
     setenv("ZF_UPDATER_DELAY_US", "3000", 1);
     std::vector<float> delayed = run(dir, &c, z, NULL);
     unsetenv("ZF_UPDATER_DELAY_US");
-    printf("  zenflow overlap run twice: %s; with random updater delays: %s; differs from adamw: %s\n",
+    std::vector<float> whole = run(dir, &c, z, NULL, 0);
+    printf("  zenflow overlap run twice: %s; with random updater delays: %s; with whole transfers: %s; "
+           "differs from adamw: %s\n",
            bitwise_equal(first, second) ? "bitwise equal" : "DIFFERENT",
            bitwise_equal(first, delayed) ? "bitwise equal" : "DIFFERENT",
+           bitwise_equal(first, whole) ? "bitwise equal" : "DIFFERENT",
            bitwise_equal(first, ref) ? "NO" : "yes");
     check(bitwise_equal(first, second), "two identical zenflow runs differ");
     check(bitwise_equal(first, delayed), "random updater delays change the losses");
+    check(bitwise_equal(first, whole), "transfers per layer (-zp 1) and whole (-zp 0) differ");
     check(!bitwise_equal(first, ref), "zenflow with U=3 and overlap equals adamw: is the CPU side doing anything?");
 }
 
