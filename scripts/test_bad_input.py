@@ -84,6 +84,8 @@ def main():
             ("token id >= V", ["-i", write("s_vocab.bin", shard_bytes([1] * 50 + [V] + [1] * 50))], "vocabulary"),
             ("bad val shard", ["-j", write("s_val.bin", shard_bytes(range(10)))], "s_val.bin"),
             ("B*T+1 > shard", ["-b", "64", "-t", "32"], "B*T+1"),
+            # the boundary: B*T = 32 tokens, one short (the last target would be past the end)
+            ("shard of exactly B*T", ["-i", write("s_exact.bin", shard_bytes(np.arange(32) % V))], "B*T+1"),
             ("T > maxT", ["-t", str(MAX_T + 1)], "maxT"),
             ("unknown flag", ["-Z", "1"], "-Z"),
             ("not a flag", ["hello", "1"], "hello"),
@@ -138,6 +140,16 @@ def main():
             else:
                 passed += 1
                 print(f"ok    {name}: {shown}")
+        # ... and the smallest good shard, B*T+1 tokens, trains (the check is not one too strict)
+        argv = [trainer, "-e", good_model, "-i", write("s_least.bin", shard_bytes(np.arange(33) % V)), "-j",
+                good_shard, "-b", "2", "-t", "16", "-x", "1", "-v", "0", "-s", "0"]
+        result = subprocess.run(argv, cwd=tmp, capture_output=True, text=True, timeout=120)
+        if result.returncode == 0:
+            passed += 1
+            print("ok    shard of exactly B*T+1 tokens: trains")
+        else:
+            failed += 1
+            print(f"FAIL  shard of exactly B*T+1 tokens: exit {result.returncode}: {result.stderr.strip()[:200]}")
     print(f"bad_input: {passed} passed, {failed} failed")
     return 0 if failed == 0 else 1
 
