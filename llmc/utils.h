@@ -10,6 +10,7 @@ can name the caller's file and line when the problem is ours rather than the use
 
 #include <errno.h>
 #include <setjmp.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -110,6 +111,12 @@ static inline FILE* zf_atomic_open(const char* path, char* tmp_path, size_t tmp_
 }
 
 static inline void zf_atomic_commit(FILE* fp, const char* tmp_path, const char* path) {
+    // debug switch for the kill test (scripts/test_resume.py): ZF_KILL_IN_WRITE=<n> kills this
+    // process with SIGKILL in its n-th atomic write, before all the data has reached the file
+    // (what a power cut or the OOM killer may do at that moment, made certain)
+    static int writes = 0;
+    const char* kill_at = getenv("ZF_KILL_IN_WRITE");
+    if (kill_at != NULL && atoi(kill_at) == ++writes) { raise(SIGKILL); }
     if (fflush(fp) != 0 || fsync(fileno(fp)) != 0) {
         zf_fail("%s: flush failed: %s (hint: is the disk full?)", tmp_path, strerror(errno));
     }

@@ -12,6 +12,11 @@ of a window with the CPU's update still in flight.
 2. kill: the trainer is killed with SIGKILL at random moments (some of them while it is
    writing a checkpoint) and resumed with -y 1 until it finishes; the final model must be
    byte-identical to the uninterrupted run's. The kill times are seeded (reproducible).
+3. kill inside a write, for certain (the random kills rarely hit one: the tiny model's files
+   take microseconds to write): the trainer's switch ZF_KILL_IN_WRITE=n kills it in its n-th
+   file write, in the second checkpoint's model file, then in its state file; only a
+   temporary file may be left, and the resumed run starts from the first checkpoint and ends
+   byte-identical.
 
 The case dir is a test reference (dev/test/ref/tiny: model.bin, train.bin). Prints one line
 per check and `resume: N passed, M failed`; exit 1 on failure.
@@ -132,6 +137,23 @@ def main():
         leftovers = [n for n in os.listdir(outdir) if n.endswith(".tmp")] if done else []
         # a .tmp file may be left by a kill during a write; it must never be mistaken for a checkpoint
         print(f"      ({len(leftovers)} temporary files left by kills during writes, ignored by -y)")
+
+        # kill inside a write: writes 1 and 2 are the first checkpoint's model and state file,
+        # 3 and 4 the second's
+        for n, name in ((3, f"model_{2 * CKPT:08d}.bin"), (4, f"state_{2 * CKPT:08d}.bin")):
+            outdir = os.path.join(tmp, f"kill_in_write_{n}")
+            env = dict(os.environ, ZF_KILL_IN_WRITE=str(n))
+            first = subprocess.run(trainer_args(trainer, case, outdir, extra), env=env, capture_output=True)
+            killed = first.returncode == -signal.SIGKILL
+            left = sorted(f for f in os.listdir(outdir) if f.endswith(".tmp"))
+            r = subprocess.run(trainer_args(trainer, case, outdir, extra + ["-y", "1"]), capture_output=True,
+                               text=True)
+            resumed = f"resumed from the checkpoint of step {CKPT}" in r.stdout
+            same = r.returncode == 0 and final_model(outdir) == full
+            report(killed and left == [name + ".tmp"] and resumed and same,
+                   f"kill inside the write of {name}: {'killed' if killed else 'NOT KILLED'}, left "
+                   f"{left}, resumed from step {CKPT}: {'yes' if resumed else 'NO'}, final model "
+                   f"{'byte-identical' if same else 'DIFFERENT or missing: ' + r.stderr.strip()[:200]}")
     print(f"resume: {passed} passed, {failed} failed")
     return 0 if failed == 0 else 1
 
