@@ -1,0 +1,328 @@
+#!/usr/bin/env python3
+"""How strong are the tests? Mutation testing of ZenFlow's critical lines.
+
+Each MUTANT below is one small, plausible bug in the code (a comparison off by one, a wait
+left out, a moment reset instead of migrated). For each, this script copies the project to
+a scratch folder, makes that one change, rebuilds what the change touches, and runs the
+tests named for it, in order, until one fails. A test that fails "kills" the mutant; a
+mutant that every named test passes SURVIVES: the tests cannot see that bug. The table at
+the end is the measurement (the last one, and what the first run found: docs/mutants.md).
+A survivor is either a gap to close with a test, or a change that cannot alter any result
+(an "equivalent" mutant), which the list then says and drops.
+
+  python3 dev/mutants.py                 all mutants (about 40 minutes on 2 cores)
+  python3 dev/mutants.py --only C3,G2    some of them
+  python3 dev/mutants.py --list          the list, nothing run
+  python3 dev/mutants.py --check         only whether every mutation still applies (seconds)
+
+Needs the test references (make refs); it builds its own copy of the project. Not part of `make test` (too slow); the exit code is 1 if any mutant survived or a
+mutation no longer applies (the code moved on: update its `old` text).
+
+Suites (what "the tests named" means), each a subset of make test:
+  cpu    test_zenflow on every zf case, test_gpt2cpu and test_cpu_adam (the CPU trainer
+         against the PyTorch reference of the spec, bit for bit where the spec says so)
+  async  zenflow_async (the CUDA backend's copy protocol on a stand-in device with copies as
+         late or early as CUDA allows, random updater delays, held-back window updates)
+  resume scripts/test_resume.py with the CPU trainer (checkpoints mid-window, 6 kills as in
+         make test)
+  emu    the CUDA test (test_gpt2cu) on the CPU emulator, stream schedule lazy, on the plain
+         case and the zenflow cases zf_a (U 4), zf_c (k 0.5, warm-up), zf_f (auto U)
+  copies the same with the copy streams lazy and the compute stream eager (zf_c)
+  reverse the same, eager, with blocks, warps and lanes run in the opposite order (tiny, zf_a)
+  pcie   scripts/test_pcie_bytes.py (every mode's counted copy bytes against the shapes)
+  bad    scripts/test_bad_input.py with the CPU trainer (broken files and flags)
+"""
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REFS = "dev/test/ref"
+# the Python the tests need (numpy, torch: Debian's), as in the Makefile
+PY = os.environ.get("PYTHON", "/usr/bin/python3")
+ZF_ALL = " ".join(f"{REFS}/zf_{c}" for c in "abcdefgv")
+
+# suite: (make targets, commands run in order)
+SUITES = {
+    "cpu": (["test_zenflow", "test_gpt2cpu", "test_cpu_adam"],
+            [f"./test_zenflow {ZF_ALL}", f"./test_gpt2cpu {REFS}/tiny", "./test_cpu_adam"]),
+    "async": (["zenflow_async"], [f"./zenflow_async {REFS}/zf_a {REFS}/zf_b {REFS}/zf_c {REFS}/zf_f"]),
+    "resume": (["train_gpt2cpu"], [f"{PY} scripts/test_resume.py ./train_gpt2cpu {REFS}/tiny --kills 6"]),
+    "emu": (["build/emu/test_gpt2cu"],
+            [f"env EMU_SCHEDULE=lazy ./build/emu/test_gpt2cu {REFS}/tiny {REFS}/zf_a {REFS}/zf_c {REFS}/zf_f"]),
+    "copies": (["build/emu/test_gpt2cu"], [f"env EMU_SCHEDULE=lazy_copies ./build/emu/test_gpt2cu {REFS}/zf_c"]),
+    "reverse": (["build/emu/test_gpt2cu"],
+                [f"env EMU_SCHEDULE=eager EMU_REVERSE=1 ./build/emu/test_gpt2cu {REFS}/tiny {REFS}/zf_a"]),
+    "pcie": (["build/emu/train_gpt2cu"], [f"{PY} scripts/test_pcie_bytes.py build/emu/train_gpt2cu"]),
+    "bad": (["train_gpt2cpu"], [f"{PY} scripts/test_bad_input.py ./train_gpt2cpu"]),
+}
+
+# id, file, old text (must occur exactly once), new text, the bug it stands for, suites.
+# Old and new may be lists of the same length: several edits in one file, one mutant.
+MUTANTS = [
+    # --- zenflow.h: the spec's step (sections 4 and 6)
+    ("C1", "zenflow.h", "[&](int a, int b) { return scores[a] > scores[b]; }",
+     "[&](int a, int b) { return scores[a] < scores[b]; }",
+     "4.2.3 selection keeps the lowest scores", ["cpu"]),
+    ("C2", "zenflow.h", "return n >= cfg->update_interval; }", "return n > cfg->update_interval; }",
+     "4.5 windows one step longer than U", ["cpu"]),
+    ("C3", "zenflow.h", "job->acc, job->count, zf->cpu_elems,",
+     "job->acc, zf->cfg.update_interval > 0 ? zf->cfg.update_interval : job->count, zf->cpu_elems,",
+     "4.6 G = A / U instead of A / n (differs for warm-up and auto-U windows)", ["cpu"]),
+    ("C4", "zenflow.h", "zf->cpu_elems,\n                                   zf->window_count == 0,",
+     "zf->cpu_elems,\n                                   0,",
+     "4.4 A is never restarted from 0 at a window's first step", ["cpu"]),
+    ("C5", "zenflow.h", "t - zf->last_select_step >= cfg->select_interval",
+     "t - zf->last_select_step > cfg->select_interval", "4.2 reselection one step late", ["cpu"]),
+    ("C6", "zenflow.h", "memcpy(dst_m, old_m[j], R * sizeof(float));", "memset(dst_m, 0, R * sizeof(float));",
+     "4.2.4 a column's first moment is reset when it changes owner", ["cpu"]),
+    ("C7", "zenflow.h", "floor(0.99 * zf->num_matrices)", "floor(0.5 * zf->num_matrices)",
+     "6 auto U closes when half the matrices are ready instead of 99%", ["cpu"]),
+    ("C8", "zenflow.h", "zf->c_sum[i] += c;", "zf->c_sum[i] = c * n;",
+     "6 auto U compares with the last step's c instead of the window's mean", ["cpu"]),
+    ("C9", "zenflow.h", "        zf->pending = 1;\n    }\n}",
+     "        zf->pending = 1;\n        zf_wait_and_apply(zf);\n    }\n}",
+     "5 overlap applies a window's update at once instead of one window later", ["cpu"]),
+    ("C10", "zenflow.h", "zf->job = ZfWindowJob{zf, window_sum, n, s, cpu_hyper",
+     "zf->job = ZfWindowJob{zf, window_sum, n, s + 1, cpu_hyper",
+     "3.1 the CPU's bias correction uses step s + 1 (overlap)", ["cpu"]),
+    ("C11", "zenflow.h", "if (t < cfg->warmup) { return 0; }", "if (t < cfg->warmup - 1) { return 0; }",
+     "4.1 the first selection one step early", ["cpu"]),
+    ("C12", "zenflow.h", "return (int)floor(k * cols + 0.5); }", "return (int)ceil(k * cols); }",
+     "2 n_sel rounded up instead of to nearest", ["cpu"]),
+    ("C13", "zenflow.h", "int all = cfg->transport == ZF_ACC_CPU || zf->window_count == 0;", "int all = 1;",
+     "7 GPU accumulation: the gradient buffer is zeroed inside a window (A lost)", ["cpu", "async", "emu"]),
+    ("C14", "zenflow.h", "zf->pending = ints[6];", "zf->pending = 0;",
+     "checkpoint: a resumed run forgets the window update waiting to be applied", ["cpu", "resume"]),
+    ("C15", "zenflow.h", "fwrite_check(zf->c_sum, sizeof(double), zf->num_matrices, fp, path);",
+     "fwrite_check(zf->sum_sel, sizeof(double), zf->num_matrices, fp, path);",
+     "checkpoint: auto U's c sums are not saved", ["cpu", "async", "resume"]),
+    ("C16", "dev/train_gpt2.cpp", "vector_hyper.weight_decay = 0.0f;  // spec 1",
+     "vector_hyper.weight_decay = h.weight_decay;  // spec 1",
+     "1 weight decay on the vectors (CPU trainer's device side)", ["cpu"]),
+    # --- cpu_adam.cpp: bitwise spec 3.1
+    ("A1", "cpu_adam.cpp", "p[i] = pi - c->lr * (mhat / (sqrtf(vhat) + c->eps) + c->wd * pi);",
+     "p[i] = pi - c->lr * (mhat / sqrtf(vhat + c->eps) + c->wd * pi);",
+     "3.1 eps inside the square root, in the scalar tail only", ["cpu"]),
+    ("A2", "cpu_adam.cpp", "return acc ? _mm256_div_ps(_mm256_loadu_ps(acc + i), count)",
+     "return acc ? _mm256_mul_ps(_mm256_loadu_ps(acc + i), _mm256_rcp_ps(count))",
+     "4.6 A / n by an approximate reciprocal in the vector body", ["cpu"]),
+    # --- the threads and the host side of the copies (spec 5)
+    ("T1", "zenflow.h", "if (job->after.ticket >= 0) {  // A is complete", "if (0) {  // A is complete",
+     "5 the window update does not wait for the window's last accumulation", ["cpu", "async"]),
+    ("T2", "zenflow.h", "    zf_wait_ticket(zf, zf->stage_reader[i]);\n    zf->stage_reader[i] = zf_no_job;",
+     "    zf->stage_reader[i] = zf_no_job;",
+     "5 a staging buffer is reused before the accumulation reading it is done", ["cpu", "async"]),
+    ("T3", "zenflow.h", "std::swap(zf->acc, zf->acc_job);  // freeze", "(void)0;  // freeze",
+     "5 the window job's A is not frozen: the next window writes it", ["cpu", "async"]),
+    ("T4", "zenflow.h", "    zf_host_wait(job->zf, job->grads);  // the copy of g_t",
+     "    // zf_host_wait(job->zf, job->grads);  // the copy of g_t",
+     "5 the accumulation reads g_t before its copy from the device has landed", ["cpu", "async"]),
+    # --- zenflow.cuh: the GPU backend (streams and events, kernels)
+    ("G1", "zenflow.cuh", "    cudaCheck(cudaStreamWaitEvent(dev->d2h, st->kernel_done, 0));\n    span",
+     "    span", "7 the copy to the host starts before the gather has written the staging buffer",
+     ["emu", "copies"]),
+    ("G2", "zenflow.cuh", "        zf_cuda_compute_waits(dev, st->d2h_done);\n        zf_cuda_compute_waits(dev, st->h2d_done);",
+     "        zf_cuda_compute_waits(dev, st->h2d_done);",
+     "7 the gather overwrites a staging buffer whose copy out may still run", ["emu", "copies"]),
+    ("G3", "zenflow.cuh", "    zf_cuda_compute_waits(dev, st->h2d_done);\n    int count, k = 0, i0, i1;",
+     "    int count, k = 0, i0, i1;", "4.6 the apply scatters before the upload has landed", ["emu", "copies"]),
+    ("G4", "zenflow.cuh", "            sum += x * x;", "            sum += fabsf(x);",
+     "4.2.2 column scores by sum of abs(g) instead of sum of g^2", ["emu"]),
+    ("G5", "zenflow.cuh", "for (int y = 0; y < 8; y++) { total += s[y][threadIdx.x]; }",
+     "for (int y = 0; y < 7; y++) { total += s[y][threadIdx.x]; }",
+     "4.2.2 column scores leave out every eighth row", ["emu"]),
+    ("G6", "zenflow.cuh", "vec->n, h.lr,\n                     h.beta1, h.beta2, h.eps, 0.0f, step);",
+     "vec->n, h.lr,\n                     h.beta1, h.beta2, h.eps, h.weight_decay, step);",
+     "1 weight decay on the vectors (GPU)", ["emu"]),
+    ("G7", "zenflow.cuh", "    if (chunks == 0) { return; }\n    zf_zero_columns_kernel", "    return;\n    zf_zero_columns_kernel",
+     "7 GPU accumulation: the GPU-owned columns are not zeroed inside a window", ["emu"]),
+    ("G8", "zenflow.cuh", "    dev->prefetched = 1;  // read by", "    dev->prefetched = 0;  // read by",
+     "4.6 the prefetched update is uploaded a second time at the apply (PCIe bytes)", ["emu", "pcie"]),
+    ("G9", "zenflow.cuh", "const ZfColumnSet* sets = side == 0 ? dev->gpu_sets : dev->cpu_sets;",
+     "const ZfColumnSet* sets = side == 0 ? dev->cpu_sets : dev->gpu_sets;",
+     "6 auto U sums abs(g) over the wrong side's columns (GPU)", ["emu"]),
+    ("G10", "zenflow.cuh", "    cudaCheck(cudaEventSynchronize(dev->abs_done));\n    memcpy(dev->abs_sel",
+     "    memcpy(dev->abs_sel", "6 auto U reads its sums before their copy to the host has landed", ["emu"]),
+    ("G11", "zenflow.cuh", "    if (fence != NULL) {\n        cudaCheck(cudaEventSynchronize(fence->done));",
+     "    if (fence != NULL) {\n        (void)0;", "5 host_wait returns before the buffer's copy is done", ["emu"]),
+    ("G12", "zenflow.cuh", "    zf_scatter_load(t, packed, threadIdx.x, threadIdx.y, tile);\n    __syncthreads();",
+     "    zf_scatter_load(t, packed, threadIdx.x, threadIdx.y, tile);",
+     "4.6 the scatter's transpose tile is read before every warp has written it", ["emu"]),
+    ("P1", "zenflow.h", "zf->next_apply_group <= 1 + l &&", "zf->next_apply_group <= l &&",
+     "7 pipelining: a layer's updated columns land after its forward has read them", ["cpu", "async", "emu"]),
+    ("P2", "train_gpt2.cu",
+     ["        matmul_backward(s.dbtc, g.qkvw + (size_t)l * 3 * C * C,",
+      "        if (model->zf != NULL) { zf_backward_layer_done(model->zf, l); }  // its gradients may leave now\n"],
+     ["        if (model->zf != NULL) { zf_backward_layer_done(model->zf, l); }\n"
+      "        matmul_backward(s.dbtc, g.qkvw + (size_t)l * 3 * C * C,", ""],
+     "7 pipelining: a layer's gradients leave before its qkv backward has written them (GPU)", ["emu"]),
+    ("P3", "dev/train_gpt2.cpp",
+     ["        matmul_backward(da.ln1 + l * BTC, g.qkvw",
+      "        if (model->zf != NULL) { zf_backward_layer_done(model->zf, l); }  // its gradients may leave\n"],
+     ["        if (model->zf != NULL) { zf_backward_layer_done(model->zf, l); }\n"
+      "        matmul_backward(da.ln1 + l * BTC, g.qkvw", ""],
+     "7 pipelining: a layer's gradients leave before its qkv backward (CPU trainer)", ["cpu"]),
+    ("R1", "llmc/checkpoint.h", "    loader->position = (size_t)words[0];", "    loader->position = 0;",
+     "checkpoint: a resumed run starts the data from the shard's beginning", ["cpu", "resume"]),
+    ("W1", "llmc/utils.h", 'int n = snprintf(tmp_path, tmp_size, "%s.tmp", path);', 'int n = snprintf(tmp_path, tmp_size, "%s", path);',
+     "checkpoint and model files written in place, not to a temporary name (a kill leaves half a file)",
+     ["resume"]),
+    ("K1", "llmc/cuda_kernels.cuh", "for (int t2 = lane; t2 <= t; t2 += 32) { dot += a[t2] * d[t2]; }",
+     "for (int t2 = lane; t2 < t; t2 += 32) { dot += a[t2] * d[t2]; }",
+     "the softmax backward leaves out the diagonal", ["emu"]),
+    ("K2", "llmc/cuda_kernels.cuh", "    __syncthreads();  // x[target] is read before it is overwritten\n", "",
+     "the fused classifier may overwrite the target's logit before the loss reads it", ["emu", "reverse"]),
+    ("K3", "llmc/cuda_kernels.cuh", "1.0f / sqrtf(var + 1e-5f);", "1.0f / sqrtf(var + 1e-4f);",
+     "LayerNorm's epsilon 1e-4 instead of 1e-5", ["emu"]),
+    ("K4", "llmc/cuda_kernels.cuh", "        if (i < V) {\n            float p = expf", "        if (i < Vp) {\n            float p = expf",
+     "the classifier's padded vocabulary columns get a gradient", ["emu"]),
+    # --- bad input (DEVELOPERS.md: one clear line, non-zero exit)
+    ("B1", "llmc/dataloader.h", "if (loader->tokens[i] >= loader->vocab_size) {", "if (loader->tokens[i] > loader->vocab_size) {",
+     "a token id equal to the vocabulary size is accepted", ["bad"]),
+    ("B2", "llmc/dataloader.h", "    if ((size_t)n < need) {", "    if ((size_t)n + 1 < need) {",
+     "a shard of exactly B*T tokens is accepted (the last target is past its end)", ["bad"]),
+]
+
+
+def edits(old, new):
+    """a mutant's edits as (old, new) pairs"""
+    return list(zip(old, new)) if isinstance(old, list) else [(old, new)]
+
+
+def applies(path, old):
+    """every old text of the mutant occurs exactly once in the file"""
+    with open(path) as f:
+        text = f.read()
+    return all(text.count(o) == 1 for o, _ in edits(old, old))
+
+
+def sh(cmd, cwd, timeout):
+    """runs cmd; returns (exit code or 'timeout', seconds, last lines of its output)"""
+    t0 = time.time()
+    try:
+        p = subprocess.run(cmd, shell=True, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           timeout=timeout, text=True, errors="replace")
+        return p.returncode, time.time() - t0, p.stdout
+    except subprocess.TimeoutExpired as e:
+        out = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+        return "timeout", time.time() - t0, out
+
+
+def copy_project(dest):
+    """the working tree's files (tracked and untracked, not ignored), plus a link to the refs"""
+    files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                           stdout=subprocess.PIPE, check=True).stdout.decode().split("\0")
+    for f in files:
+        if not f or not os.path.isfile(os.path.join(ROOT, f)):
+            continue
+        os.makedirs(os.path.join(dest, os.path.dirname(f)), exist_ok=True)
+        shutil.copy2(os.path.join(ROOT, f), os.path.join(dest, f))
+    os.symlink(os.path.join(ROOT, REFS), os.path.join(dest, REFS))
+
+
+def run_suites(work, suites, timeout):
+    """(None, seconds) if every command passed, else (the failing command's name, seconds)"""
+    total = 0.0
+    for name in suites:
+        for cmd in SUITES[name][1]:
+            rc, secs, _ = sh(cmd, work, timeout)
+            total += secs
+            if rc != 0:
+                # the program's name: the first word that is not env, VAR=value or python
+                words = [w for w in cmd.split() if w != "env" and "=" not in w and "python" not in w]
+                return f"{name}: {os.path.basename(words[0])}" + (" (timeout)" if rc == "timeout" else ""), total
+    return None, total
+
+
+def build(work, suites):
+    targets = sorted({t for s in suites for t in SUITES[s][0]})
+    rc, secs, out = sh("make -s " + " ".join(targets), work, 1800)
+    return rc == 0, secs, out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--only", help="comma-separated mutant ids")
+    ap.add_argument("--list", action="store_true", help="print the mutants and exit")
+    ap.add_argument("--check", action="store_true", help="check that every mutation still applies, and exit")
+    ap.add_argument("--timeout", type=int, default=900, help="seconds per test command (a hang counts as killed)")
+    ap.add_argument("--keep", action="store_true", help="keep the scratch copy")
+    args = ap.parse_args()
+    mutants = MUTANTS
+    if args.only:
+        wanted = args.only.split(",")
+        unknown = [w for w in wanted if w not in {m[0] for m in MUTANTS}]
+        if unknown:
+            sys.exit(f"mutants.py: no mutant {', '.join(unknown)} (see --list)")
+        mutants = [m for m in MUTANTS if m[0] in wanted]
+    if args.list:
+        for m in mutants:
+            print(f"{m[0]:4} {m[1]:22} {m[4]}  [{', '.join(m[5])}]")
+        return 0
+    if args.check:
+        stale = [m[0] for m in mutants if not applies(os.path.join(ROOT, m[1]), m[2])]
+        print(f"mutants: {len(mutants) - len(stale)} apply, {len(stale)} do not" + (f": {', '.join(stale)}" if stale else ""))
+        return 1 if stale else 0
+    if not os.path.isfile(os.path.join(ROOT, REFS, "zf_a", "losses.txt")):
+        sys.exit(f"mutants.py: {REFS} has no test references (hint: make refs)")
+
+    work = tempfile.mkdtemp(prefix="zf_mutants_")
+    print(f"[mutants] scratch copy: {work}", flush=True)
+    copy_project(work)
+    suites = sorted({s for m in mutants for s in m[5]}, key=list(SUITES).index)
+    ok, secs, out = build(work, suites)
+    if not ok:
+        sys.exit(f"mutants.py: the unchanged project does not build in {work}:\n{out[-2000:]}")
+    failed, secs = run_suites(work, suites, args.timeout)
+    if failed:
+        sys.exit(f"mutants.py: the unchanged project fails {failed}: fix that first ({work})")
+    print(f"[mutants] unchanged project: every suite passes ({secs:.0f} s)", flush=True)
+
+    rows, survived, stale = [], 0, 0
+    for mid, path, old, new, what, msuites in mutants:
+        full = os.path.join(work, path)
+        with open(full) as f:
+            text = f.read()
+        if not applies(full, old):
+            rows.append((mid, path, what, "DOES NOT APPLY (the code moved on: update the mutant)", 0.0))
+            stale += 1
+            print(f"[mutants] {mid}: does not apply", flush=True)
+            continue
+        mutated = text
+        for o, n in edits(old, new):
+            mutated = mutated.replace(o, n)
+        with open(full, "w") as f:
+            f.write(mutated)
+        t0 = time.time()
+        ok, _, out = build(work, msuites)
+        if not ok:
+            result = "killed: build error"
+            stale += 1  # a mutant that does not compile measures nothing: fix it
+        else:
+            failed, _ = run_suites(work, msuites, args.timeout)
+            result = f"killed by {failed}" if failed else "SURVIVED"
+            survived += failed is None
+        with open(full, "w") as f:
+            f.write(text)  # (a newer mtime: the next build starts from the original again)
+        rows.append((mid, path, what, result, time.time() - t0))
+        print(f"[mutants] {mid}: {result} ({time.time() - t0:.0f} s)", flush=True)
+
+    print()
+    print("| id | file | the bug | result | s |")
+    print("| --- | --- | --- | --- | --- |")
+    for mid, path, what, result, secs in rows:
+        print(f"| {mid} | {path} | {what} | {result} | {secs:.0f} |")
+    killed = len(rows) - survived - stale
+    print(f"\nmutants: {killed} killed, {survived} survived, {stale} stale, of {len(rows)}")
+    if not args.keep:
+        shutil.rmtree(work, ignore_errors=True)
+    return 1 if survived or stale else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
