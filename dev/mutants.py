@@ -15,8 +15,9 @@ A survivor is either a gap to close with a test, or a change that cannot alter a
   python3 dev/mutants.py --list          the list, nothing run
   python3 dev/mutants.py --check         only whether every mutation still applies (seconds)
 
-Needs the test references (make refs); it builds its own copy of the project. Not part of `make test` (too slow); the exit code is 1 if any mutant survived or a
-mutation no longer applies (the code moved on: update its `old` text).
+Needs the test references (make refs); it builds its own copy of the project. Not part of
+`make test` (too slow); the exit code is 1 if any mutant survived or a mutation no longer
+applies (the code moved on: update its `old` text).
 
 Suites (what "the tests named" means), each a subset of make test:
   cpu    test_zenflow on every zf case, test_gpt2cpu and test_cpu_adam (the CPU trainer
