@@ -30,7 +30,8 @@ Suites (what "the tests named" means), each a subset of make test:
          case and the zenflow cases zf_a (U 4), zf_c (k 0.5, warm-up), zf_f (auto U)
   copies the same with the copy streams lazy and the compute stream eager (zf_c)
   reverse the same, eager, with blocks, warps and lanes run in the opposite order (tiny, zf_a)
-  pcie   scripts/test_pcie_bytes.py (every mode's counted copy bytes against the shapes)
+  pcie   scripts/test_pcie_bytes.py (every mode's counted copy bytes against the shapes, the
+         optimizer memory, the stall's bookkeeping)
   bad    scripts/test_bad_input.py with the CPU trainer (broken files and flags)
 """
 import argparse
@@ -173,6 +174,8 @@ MUTANTS = [
     ("W1", "llmc/utils.h", 'int n = snprintf(tmp_path, tmp_size, "%s.tmp", path);', 'int n = snprintf(tmp_path, tmp_size, "%s", path);',
      "checkpoint and model files written in place, not to a temporary name (a kill leaves half a file)",
      ["resume"]),
+    ("M1", "zenflow.cuh", "        dev->blocking = dev->num_stalls < ZF_MAX_STALLS;", "        dev->blocking = 0;",
+     "the stall leaves out the time the main thread waits for the CPU (offload's update)", ["pcie"]),
     ("K1", "llmc/cuda_kernels.cuh", "for (int t2 = lane; t2 <= t; t2 += 32) { dot += a[t2] * d[t2]; }",
      "for (int t2 = lane; t2 < t; t2 += 32) { dot += a[t2] * d[t2]; }",
      "the softmax backward leaves out the diagonal", ["emu"]),
