@@ -59,7 +59,7 @@ SUITES = {
     "copies": (["build/emu/test_gpt2cu"], [f"env EMU_SCHEDULE=lazy_copies ./build/emu/test_gpt2cu {REFS}/zf_c"]),
     "reverse": (["build/emu/test_gpt2cu"],
                 [f"env EMU_SCHEDULE=eager EMU_REVERSE=1 ./build/emu/test_gpt2cu {REFS}/tiny {REFS}/zf_a"]),
-    "pcie": (["build/emu/train_gpt2cu"], [f"{PY} scripts/test_pcie_bytes.py build/emu/train_gpt2cu"]),
+    "pcie": (["build/emu/train_gpt2cu"], [f"{PY} scripts/test_pcie_bytes.py build/emu/train_gpt2cu --emulated-gpu"]),
     "bad": (["train_gpt2cpu"], [f"{PY} scripts/test_bad_input.py ./train_gpt2cpu"]),
 }
 

@@ -14,12 +14,13 @@ model's shapes alone and compares:
 And the GPU's optimizer state (the trainer's memory table; issue 5: "about k of adamw's"):
 m and v of every vector and of the selected columns, against the shapes (to the table's
 0.1 MiB), with its fraction of adamw's printed.
-And the stall's bookkeeping (its size needs a GPU, its structure does not): on the emulator
-(eager schedule: an event reads the host clock when it is recorded) adamw never stalls, and
-offload's stall includes its synchronous CPU update (stall >= CPU ms), since the GPU idles
-while the main thread waits for the CPU.
+And, with --emulated-gpu, the stall's bookkeeping (its size needs a GPU, its structure does
+not): on the emulator (eager schedule: an event reads the host clock when it is recorded)
+adamw never stalls, and offload's stall includes its synchronous CPU update (stall >= CPU
+ms), since the GPU idles while the main thread waits for the CPU. (On a GPU the two clocks
+differ and the GPU may still be busy when the CPU starts, so this exact bound is not checked.)
 
-    /usr/bin/python3 scripts/test_pcie_bytes.py <trainer> [--model d2c64h2]
+    /usr/bin/python3 scripts/test_pcie_bytes.py <trainer> [--model d2c64h2] [--emulated-gpu]
 
 <trainer>: build/emu/train_gpt2cu (the CPU emulator of the CUDA code, what make test uses) or
 ./train_gpt2cu on a GPU. Its step times mean nothing here; only the byte counts are checked.
@@ -69,6 +70,8 @@ def expected_mb(spec):
 def main():
     args = sys.argv[1:]
     model = "d2c64h2"
+    emulated = "--emulated-gpu" in args
+    args = [a for a in args if a != "--emulated-gpu"]
     if "--model" in args:
         i = args.index("--model")
         model = args[i + 1]
@@ -106,7 +109,7 @@ def main():
         opt = float(row[8])
         opt_ok = abs(opt - opt_mib[mode]) <= 0.05 + 1e-9  # printed as %.1f MiB
         stall, cpu = float(row[4]), float(row[5])
-        stall_ok = {"adamw": stall == 0.0, "offload": stall + 0.002 >= cpu > 0.0}.get(mode, True)  # %.3f
+        stall_ok = not emulated or {"adamw": stall == 0.0, "offload": stall + 0.002 >= cpu > 0.0}.get(mode, True)
         if not stall_ok:
             print(f"{mode:12} stall {stall:.3f} ms with CPU work {cpu:.3f} ms per step: "
                   f"{'adamw must not stall' if mode == 'adamw' else 'the synchronous CPU update is not counted'}")
