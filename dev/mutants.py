@@ -202,7 +202,7 @@ def applies(path, old):
     """every old text of the mutant occurs exactly once in the file"""
     with open(path) as f:
         text = f.read()
-    return all(text.count(o) == 1 for o, _ in edits(old, old))
+    return all(text.count(o) == 1 for o in (old if isinstance(old, list) else [old]))
 
 
 def sh(cmd, cwd, timeout):
