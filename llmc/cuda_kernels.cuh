@@ -96,6 +96,11 @@ static inline int zf_cuda_device_available(char* reason, size_t size) {
 // (a static schedule waits for its slowest thread). A wake-up costs microseconds. (The device
 // flag covers device and stream waits; cudaEventSynchronize busy-waits unless the event
 // itself was created with cudaEventBlockingSync, so every event a host thread waits for is.)
+// It also checks that this binary carries code the GPU can run: a build without the GPU's
+// architecture (nor PTX the driver can compile for it) would otherwise fail at the first
+// kernel launch, deep inside a step, with a less helpful message.
+__global__ void zf_probe_kernel(void) {}
+
 static inline cudaDeviceProp zf_cuda_init_device(void) {
     char reason[256];
     if (!zf_cuda_device_available(reason, sizeof(reason))) {
@@ -107,6 +112,17 @@ static inline cudaDeviceProp zf_cuda_init_device(void) {
     cudaCheck(cudaSetDevice(0));
     cudaDeviceProp prop;
     cudaCheck(cudaGetDeviceProperties(&prop, 0));
+    cudaFuncAttributes attr;
+    cudaError_t err = cudaFuncGetAttributes(&attr, zf_probe_kernel);
+    if (err == cudaErrorNoKernelImageForDevice || err == cudaErrorInvalidDeviceFunction ||
+        err == cudaErrorUnsupportedPtxVersion) {
+        zf_fail("this binary cannot run on the %s (compute capability %d.%d): %s (hint: rebuild here with "
+                "`make clean && make`, which adds the local GPU's architecture, or set "
+                "CUDA_ARCH=\"-gencode arch=compute_%d%d,code=sm_%d%d\"; PTX also needs a driver as new as nvcc)",
+                prop.name, prop.major, prop.minor, cudaGetErrorString(err), prop.major, prop.minor, prop.major,
+                prop.minor);
+    }
+    cudaCheck(err);
     return prop;
 }
 

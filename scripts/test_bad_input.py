@@ -7,7 +7,8 @@ problem, a non-zero exit, no crash (no signal, no sanitizer report), and nothing
     /usr/bin/python3 scripts/test_bad_input.py build/emu/train_gpt2cu --emulated-gpu
 
 --emulated-gpu: the trainer is the CUDA trainer on the CPU emulator (dev/cuda/emu), whose
-device memory can be made small (EMU_DEVICE_MEMORY_MB): adds "too little GPU memory".
+device memory can be made small (EMU_DEVICE_MEMORY_MB) and its kernels missing
+(EMU_NO_KERNEL_IMAGE): adds "too little GPU memory" and "binary not built for this GPU".
 
 Each case builds its broken file in a temp directory from a good tiny model and shard,
 runs the trainer once, and checks the result. The last line is
@@ -103,6 +104,8 @@ def main():
         ]
         if emulated_gpu:  # a 20 MiB "GPU": the 32 MiB cuBLASLt workspace does not fit
             cases.append(("too little GPU memory", [], "out of GPU memory", {"EMU_DEVICE_MEMORY_MB": "20"}))
+            # a GPU the binary has no code for: named at start-up, with the rebuild to do
+            cases.append(("binary not built for this GPU", [], "make clean && make", {"EMU_NO_KERNEL_IMAGE": "1"}))
         for name, extra, needle, *env in cases:
             env = dict(os.environ, **env[0]) if env else None
             args = {"-e": good_model, "-i": good_shard, "-j": good_shard, "-b": "2", "-t": "16",

@@ -26,7 +26,8 @@ by dev/cuda/emu/cu2cpp.py, line for line). What it checks that a compile cannot:
       lazy_copies  the other streams are lazy, the default stream eager.
     A missing event or wait makes the schedules disagree. Also, a cudaMemcpyAsync to the
     host fills its destination with NaN until it has run, and one from the host checks,
-    when it runs, that the host did not change the source since it was issued.
+    when it runs, that the host did not change the source since it was issued;
+  - EMU_NO_KERNEL_IMAGE=1: a GPU this binary has no code for (every launch fails as it would).
 Not modelled: timing (events read a host clock when they run), memory coherence races
 between blocks, atomics, dynamic shared memory, streams other than non-blocking ones.
 Build with the headers of this folder first on the include path (see dev/cuda/emu/Makefile).
@@ -367,6 +368,9 @@ typedef enum {
     cudaErrorInvalidValue = 1,
     cudaErrorMemoryAllocation = 2,
     cudaErrorInvalidConfiguration = 9,
+    cudaErrorInvalidDeviceFunction = 98,
+    cudaErrorNoKernelImageForDevice = 209,
+    cudaErrorUnsupportedPtxVersion = 222,
     cudaErrorInvalidResourceHandle = 400,
     cudaErrorNotReady = 600,
 } cudaError_t;
@@ -462,6 +466,9 @@ static inline const char* cudaGetErrorString(cudaError_t err) {
         case cudaErrorInvalidValue: return "invalid argument";
         case cudaErrorMemoryAllocation: return "out of memory";
         case cudaErrorInvalidConfiguration: return "invalid configuration argument";
+        case cudaErrorInvalidDeviceFunction: return "invalid device function";
+        case cudaErrorNoKernelImageForDevice: return "no kernel image is available for execution on the device";
+        case cudaErrorUnsupportedPtxVersion: return "the provided PTX was compiled with an unsupported toolchain.";
         case cudaErrorInvalidResourceHandle: return "invalid resource handle";
         case cudaErrorNotReady: return "device not ready";
     }
@@ -562,6 +569,30 @@ static inline cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int) {
 }
 static inline cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int) {
     *value = attr == cudaDevAttrL2CacheSize ? (1 << 20) : 0;
+    return cudaSuccess;
+}
+
+// EMU_NO_KERNEL_IMAGE=1 plays a GPU the binary was not built for: every kernel is missing
+static int emu_no_kernel_image(void) {
+    static int missing = -1;
+    if (missing < 0) {
+        const char* s = getenv("EMU_NO_KERNEL_IMAGE");
+        missing = (s != NULL && atoi(s) != 0);
+    }
+    return missing;
+}
+
+typedef struct {
+    int maxThreadsPerBlock, numRegs, ptxVersion, binaryVersion;
+    size_t sharedSizeBytes;
+} cudaFuncAttributes;
+
+template <typename... P>
+static inline cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* attr, void (*)(P...)) {
+    if (emu_no_kernel_image()) { return emu_error(cudaErrorNoKernelImageForDevice); }
+    memset(attr, 0, sizeof(*attr));
+    attr->maxThreadsPerBlock = 1024;
+    attr->ptxVersion = attr->binaryVersion = 90;
     return cudaSuccess;
 }
 
@@ -809,6 +840,10 @@ struct EmuLaunch {
     void operator()(A&&... args) const {
         static_assert(sizeof...(A) == sizeof...(P), "wrong number of kernel arguments");
         EMU_LOCK;
+        if (emu_no_kernel_image()) {
+            emu_error(cudaErrorNoKernelImageForDevice);
+            return;
+        }
         dim3 g = config.grid, b = config.block;
         if (g.x == 0 || g.y == 0 || g.z == 0 || b.x == 0 || b.y == 0 || b.z == 0 || (size_t)b.x * b.y * b.z > 1024 ||
             b.z > 64 || g.y > 65535 || g.z > 65535 || g.x > 2147483647u) {
