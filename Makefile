@@ -105,7 +105,7 @@ EMU_DEV_CUDA = $(patsubst dev/cuda/%.cu,build/emu/dev_cuda/%,$(filter-out dev/cu
 EMU_DEPS = build/emu/src/.stamp $(HEADERS) dev/test_common.h dev/cuda/emu/cuda_runtime.h dev/cuda/emu/cublasLt.h
 EMU_FLAGS = -std=c++17 -fopenmp -ffp-contract=off -Wall -Wno-unused-function -Wno-unknown-pragmas \
             -I dev/cuda/emu -iquote . -iquote llmc
-EMU_BINS = build/emu/train_gpt2cu build/emu/test_gpt2cu build/emu/test_gpt2cu_asan $(EMU_DEV_CUDA)
+EMU_BINS = build/emu/train_gpt2cu build/emu/test_gpt2cu build/emu/test_gpt2cu_asan build/emu/test_gpt2cu_tsan build/emu/train_gpt2cu_tsan $(EMU_DEV_CUDA)
 emu: $(EMU_BINS)
 build/emu/src/.stamp: $(EMU_SRC) dev/cuda/emu/cu2cpp.py
 	$(PYTHON) dev/cuda/emu/cu2cpp.py build/emu/src $(EMU_SRC)
@@ -120,6 +120,12 @@ build/emu/dev_cuda/%: $(EMU_DEPS) cpu_adam.o
 build/emu/test_gpt2cu_asan: $(EMU_DEPS) cpu_adam.cpp
 	$(CXX) -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer \
 	    $(EMU_FLAGS) -x c++ build/emu/src/test_gpt2.cu -x none cpu_adam.cpp -o $@ $(LDLIBS)
+# ThreadSanitizer build: the emulator then also reports races (its comment says which), the
+# CUDA analogue of compute-sanitizer's racecheck plus the streams. Without OpenMP (libgomp is
+# not instrumented); the blocks of a grid run on the emulator's own worker threads.
+build/emu/%_tsan: $(EMU_DEPS) cpu_adam.cpp
+	$(CXX) -O1 -g -fsanitize=thread $(filter-out -fopenmp,$(EMU_FLAGS)) -x c++ build/emu/src/$(subst gpt2cu,gpt2,$*).cu \
+	    -x none cpu_adam.cpp -o $@ $(LDLIBS)
 
 # AddressSanitizer + UndefinedBehaviorSanitizer builds of the CPU programs (make test runs
 # the tests and the bad-input checks with them)

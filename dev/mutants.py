@@ -14,6 +14,9 @@ A survivor is either a gap to close with a test, or a change that cannot alter a
   python3 dev/mutants.py --only C3,G2    some of them
   python3 dev/mutants.py --list          the list, nothing run
   python3 dev/mutants.py --check         only whether every mutation still applies (seconds)
+  python3 dev/mutants.py --only G1,G2 --suite race
+                                         those mutants against one suite alone, instead of
+                                         their own (what that one check sees by itself)
 
 Needs the test references (make refs); it builds its own copy of the project. Not part of
 `make test` (too slow); the exit code is 1 if any mutant survived or a mutation no longer
@@ -33,6 +36,9 @@ Suites (what "the tests named" means), each a subset of make test:
   pcie   scripts/test_pcie_bytes.py (every mode's counted copy bytes against the shapes, the
          optimizer memory, the stall's bookkeeping)
   bad    scripts/test_bad_input.py with the CPU trainer (broken files and flags)
+  race   scripts/test_races.sh: the CUDA test (tiny) and trainer (offload, zenflow) built with
+         ThreadSanitizer on the emulator, schedule eager (no number depends on a missing wait
+         there): fails on any race TSan sees between warps, blocks, streams and host threads
 """
 import argparse
 import os
@@ -61,6 +67,7 @@ SUITES = {
                 [f"env EMU_SCHEDULE=eager EMU_REVERSE=1 ./build/emu/test_gpt2cu {REFS}/tiny {REFS}/zf_a"]),
     "pcie": (["build/emu/train_gpt2cu"], [f"{PY} scripts/test_pcie_bytes.py build/emu/train_gpt2cu --emulated-gpu"]),
     "bad": (["train_gpt2cpu"], [f"{PY} scripts/test_bad_input.py ./train_gpt2cpu"]),
+    "race": (["build/emu/test_gpt2cu_tsan", "build/emu/train_gpt2cu_tsan"], ["bash scripts/test_races.sh"]),
 }
 
 # id, file, old text (must occur exactly once), new text, the bug it stands for, suites.
@@ -237,8 +244,8 @@ def run_suites(work, suites, timeout):
             rc, secs, _ = sh(cmd, work, timeout)
             total += secs
             if rc != 0:
-                # the program's name: the first word that is not env, VAR=value or python
-                words = [w for w in cmd.split() if w != "env" and "=" not in w and "python" not in w]
+                # the program's name: the first word that is not env, VAR=value, python or bash
+                words = [w for w in cmd.split() if w not in ("env", "bash") and "=" not in w and "python" not in w]
                 return f"{name}: {os.path.basename(words[0])}" + (" (timeout)" if rc == "timeout" else ""), total
     return None, total
 
@@ -256,14 +263,17 @@ def main():
     ap.add_argument("--check", action="store_true", help="check that every mutation still applies, and exit")
     ap.add_argument("--timeout", type=int, default=900, help="seconds per test command (a hang counts as killed)")
     ap.add_argument("--keep", action="store_true", help="keep the scratch copy")
+    ap.add_argument("--suite", choices=list(SUITES), help="run the mutants against this suite alone")
     args = ap.parse_args()
     mutants = MUTANTS
+    if args.suite:
+        mutants = [m[:5] + ([args.suite],) for m in mutants]
     if args.only:
         wanted = args.only.split(",")
         unknown = [w for w in wanted if w not in {m[0] for m in MUTANTS}]
         if unknown:
             sys.exit(f"mutants.py: no mutant {', '.join(unknown)} (see --list)")
-        mutants = [m for m in MUTANTS if m[0] in wanted]
+        mutants = [m for m in mutants if m[0] in wanted]
     if args.list:
         for m in mutants:
             print(f"{m[0]:4} {m[1]:22} {m[4]}  [{', '.join(m[5])}]")

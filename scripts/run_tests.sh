@@ -89,6 +89,9 @@ run_test emu_test_gpt2cu_copies env EMU_SCHEDULE=lazy_copies ./build/emu/test_gp
 # AddressSanitizer: a kernel or copy outside its allocation (compute-sanitizer's memcheck, roughly);
 # the tiny case only: with the ZenFlow cases (tiny zf_a: 44 checks, passed) it takes 5 minutes
 run_test emu_asan ./build/emu/test_gpt2cu_asan dev/test/ref/tiny
+# ThreadSanitizer: races between warps, blocks, streams and host threads, reported whatever
+# the numbers (compute-sanitizer's racecheck, roughly, plus the streams); about a minute
+run_test emu_races bash scripts/test_races.sh
 # every dev/cuda kernel validation against its CPU reference (benchmarks skipped)
 run_test emu_dev_cuda bash -c 'for p in build/emu/dev_cuda/*; do ZF_SKIP_BENCHMARKS=1 "$p" || exit 1; done'
 run_test emu_trainers_agree "$PYTHON" scripts/test_trainers_agree.py ./train_gpt2cpu build/emu/train_gpt2cu dev/test/ref/tiny

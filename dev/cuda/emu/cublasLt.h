@@ -218,6 +218,7 @@ static inline cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc
     // every matrix, and the bias, must lie in device memory
     const struct { const void* p; const EmuLtLayout* l; const char* name; } mats[4] = {
         {A, &a, "A"}, {B, &b, "B"}, {C, &c, "C"}, {D, &dd, "D"}};
+    size_t extent[4];  // floats from the start to the last element, every batch
     for (int i = 0; i < 4; i++) {
         const EmuLtLayout* l = mats[i].l;
         size_t last = (size_t)((l->batch - 1) * l->stride + (int64_t)(l->cols - 1) * l->ld + l->rows);
@@ -225,7 +226,9 @@ static inline cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc
             emu_die("cublasLtMatmul: matrix %s [%p, +%zu floats) is not inside one device allocation", mats[i].name,
                     mats[i].p, last);
         }
+        extent[i] = last;
     }
+    (void)extent;  // (read by the race check only)
     if (d.epilogue == CUBLASLT_EPILOGUE_BIAS && !emu_is_device(d.bias, (size_t)m * sizeof(float))) {
         emu_die("cublasLtMatmul: the bias [%p, +%lld floats) is not inside one device allocation", (const void*)d.bias,
                 (long long)m);
@@ -236,6 +239,16 @@ static inline cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc
     const float* Cp = (const float*)C;
     float* Dp = (float*)D;
     emu_enqueue(stream, [=]() {
+#if EMU_TSAN
+        // for the race check: what the product reads and writes, checked once as ranges; the
+        // arithmetic below is not checked element by element (that would be 100x slower)
+        __tsan_read_range((void*)Ap, extent[0] * sizeof(float));
+        __tsan_read_range((void*)Bp, extent[1] * sizeof(float));
+        if (beta != 0.0f) { __tsan_read_range((void*)Cp, extent[2] * sizeof(float)); }
+        if (d.epilogue == CUBLASLT_EPILOGUE_BIAS) { __tsan_read_range((void*)d.bias, m * sizeof(float)); }
+        __tsan_write_range(Dp, extent[3] * sizeof(float));
+        EMU_UNCHECKED_BEGIN();
+#endif
         // op(A) row by row and op(B) column by column, contiguous (and rounded to TF32 if
         // asked); then each output is a dot product over k in order, 8 outputs at a time
         // (independent sums: the same result as one at a time, several times faster)
@@ -276,6 +289,9 @@ static inline cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc
                 }
             }
         }
+#if EMU_TSAN
+        EMU_UNCHECKED_END();
+#endif
     });
     return CUBLAS_STATUS_SUCCESS;
 }

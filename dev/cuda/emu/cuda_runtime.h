@@ -27,9 +27,24 @@ by dev/cuda/emu/cu2cpp.py, line for line). What it checks that a compile cannot:
     A missing event or wait makes the schedules disagree. Also, a cudaMemcpyAsync to the
     host fills its destination with NaN until it has run, and one from the host checks,
     when it runs, that the host did not change the source since it was issued;
-  - EMU_NO_KERNEL_IMAGE=1: a GPU this binary has no code for (every launch fails as it would).
-Not modelled: timing (events read a host clock when they run), memory coherence races
-between blocks, atomics, dynamic shared memory, streams other than non-blocking ones.
+  - EMU_NO_KERNEL_IMAGE=1: a GPU this binary has no code for (every launch fails as it would);
+  - races, when built with -fsanitize=thread (build/emu/test_gpt2cu_tsan; run it with
+    EMU_SCHEDULE=eager): ThreadSanitizer is told which work is ordered on a GPU and which is
+    not, and reports any two accesses to the same memory, one a write, with no order between
+    them. Each warp of a block is a TSan fiber, ordered with the other warps only by
+    __syncthreads; the blocks of a grid run on two worker threads (block j on j % 2) with
+    nothing between them; each stream's work runs as a fiber of its own, which sees what the
+    host did before issuing it and another stream's work only through cudaStreamWaitEvent;
+    the host sees device work only after cudaEventSynchronize/Query, a stream or device
+    synchronization, or a synchronous copy. So a missing barrier, a block reading what
+    another block writes, a copy racing a kernel on another stream, and a host thread
+    touching a buffer a copy still uses are each reported where they happen, whatever the
+    numbers. Like compute-sanitizer's racecheck it sees shared memory; unlike it, also
+    global memory, streams and host buffers. Blind spots: the lanes of a warp count as one
+    thread (intra-warp hazards without __syncwarp are not seen), blocks on the same worker
+    are ordered, and cuBLASLt products are checked as whole ranges read and written.
+Not modelled: timing (events read a host clock when they run), atomics, dynamic shared
+memory, streams other than non-blocking ones.
 Build with the headers of this folder first on the include path (see dev/cuda/emu/Makefile).
 */
 #ifndef EMU_CUDA_RUNTIME_H
@@ -59,6 +74,35 @@ Build with the headers of this folder first on the include path (see dev/cuda/em
 #endif
 #if !defined(__x86_64__)
 #include <ucontext.h>
+#endif
+
+// Built with -fsanitize=thread, the emulator is also a race detector (see "races" below).
+#if defined(__SANITIZE_THREAD__)
+#include <sanitizer/tsan_interface.h>
+
+#include <condition_variable>
+#include <thread>
+#define EMU_TSAN 1
+// exported by the TSan runtime: accesses between Begin and End are not checked
+extern "C" void AnnotateIgnoreReadsBegin(const char* file, int line);
+extern "C" void AnnotateIgnoreReadsEnd(const char* file, int line);
+extern "C" void AnnotateIgnoreWritesBegin(const char* file, int line);
+extern "C" void AnnotateIgnoreWritesEnd(const char* file, int line);
+extern "C" void __tsan_read_range(void* addr, unsigned long size);   // one check for a whole range
+extern "C" void __tsan_write_range(void* addr, unsigned long size);
+// the emulator's own machinery (fiber switches, queues, events): not the program under test
+#define EMU_UNCHECKED_BEGIN() (AnnotateIgnoreReadsBegin(__FILE__, __LINE__), AnnotateIgnoreWritesBegin(__FILE__, __LINE__))
+#define EMU_UNCHECKED_END() (AnnotateIgnoreWritesEnd(__FILE__, __LINE__), AnnotateIgnoreReadsEnd(__FILE__, __LINE__))
+#define EMU_NO_TSAN __attribute__((no_sanitize_thread, noinline))
+#define emu_tsan_release(addr) __tsan_release((void*)(addr))
+#define emu_tsan_acquire(addr) __tsan_acquire((void*)(addr))
+#else
+#define EMU_TSAN 0
+#define EMU_UNCHECKED_BEGIN() ((void)0)
+#define EMU_UNCHECKED_END() ((void)0)
+#define EMU_NO_TSAN
+#define emu_tsan_release(addr) ((void)0)
+#define emu_tsan_acquire(addr) ((void)0)
 #endif
 
 // ----------------------------------------------------------------------------
@@ -110,7 +154,7 @@ static inline void emu_die(const char* fmt, ...) {
 static void emu_yield(int state);
 enum { EMU_RUNNABLE, EMU_AT_SYNCTHREADS, EMU_AT_SHUFFLE, EMU_DONE };
 
-static inline void __syncthreads(void) { emu_yield(EMU_AT_SYNCTHREADS); }
+static inline void __syncthreads(void);
 
 // the value of lane (this lane ^ lane_mask); all 32 lanes of the warp must take part
 template <typename T>
@@ -187,6 +231,13 @@ typedef struct EmuBlockRunner {
     const void* scheduler_stack_bottom;
     size_t scheduler_stack_size;
 #endif
+    // EMU_TSAN: the TSan fiber of the scheduler (this OS thread's own) and one per warp (the
+    // lanes of a warp share it: TSan sees a warp as one thread, see "races" at the top);
+    // whether a warp ran yet in this block; two sync objects (their addresses)
+    void* tsan_scheduler;
+    void* tsan_warp[32];
+    int tsan_warp_started[32];
+    char barrier, block_end;
     ~EmuBlockRunner() {  // the OS thread ends: its fiber stacks go
         for (EmuFiber& f : fibers) { free(f.stack); }
     }
@@ -199,8 +250,17 @@ static const size_t EMU_STACK_BYTES = 256 << 10;
 static const size_t EMU_STACK_BYTES = 64 << 10;
 #endif
 
-static void emu_switch_to_fiber(EmuFiber* f) {
+EMU_NO_TSAN static void emu_switch_to_fiber(EmuFiber* f) {
     emu_current = f;
+#if EMU_TSAN
+    // A warp's first switch in a block sees what the scheduler did before (the block's
+    // start); no other switch, either way, orders anything: the warps of a block are
+    // unordered for TSan except through barriers (emu_tsan_all_warps)
+    int w = f->linear / 32;
+    if (emu_runner.tsan_warp[w] == NULL) { emu_runner.tsan_warp[w] = __tsan_create_fiber(0); }
+    __tsan_switch_to_fiber(emu_runner.tsan_warp[w], emu_runner.tsan_warp_started[w] ? __tsan_switch_to_fiber_no_sync : 0);
+    emu_runner.tsan_warp_started[w] = 1;
+#endif
 #if defined(__SANITIZE_ADDRESS__)
     void* fake = NULL;
     __sanitizer_start_switch_fiber(&fake, f->stack, f->stack_size);
@@ -216,7 +276,10 @@ static void emu_switch_to_fiber(EmuFiber* f) {
     emu_current = NULL;
 }
 
-static void emu_switch_to_scheduler(EmuFiber* f) {
+EMU_NO_TSAN static void emu_switch_to_scheduler(EmuFiber* f) {
+#if EMU_TSAN
+    __tsan_switch_to_fiber(emu_runner.tsan_scheduler, __tsan_switch_to_fiber_no_sync);
+#endif
 #if defined(__SANITIZE_ADDRESS__)
     void* fake = NULL;
     __sanitizer_start_switch_fiber(f->state == EMU_DONE ? NULL : &fake, emu_runner.scheduler_stack_bottom,
@@ -232,14 +295,32 @@ static void emu_switch_to_scheduler(EmuFiber* f) {
 #endif
 }
 
-static void emu_yield(int state) {
+EMU_NO_TSAN static void emu_yield(int state) {
     EmuFiber* f = emu_current;
     if (f == NULL) { emu_die("__syncthreads or a shuffle outside a kernel"); }
     f->state = state;
     emu_switch_to_scheduler(f);
 }
 
-extern "C" void emu_fiber_main(EmuFiber* f) {
+static inline void __syncthreads(void) { emu_yield(EMU_AT_SYNCTHREADS); }
+
+#if EMU_TSAN
+// every warp of the block (all of them stopped) releases `sync` and then, with `acquire`,
+// acquires it: at a barrier, what any warp did before happens before what all do after
+EMU_NO_TSAN static void emu_tsan_all_warps(EmuBlockRunner* r, int num_warps, char* sync, int acquire) {
+    for (int w = 0; w < num_warps; w++) {
+        __tsan_switch_to_fiber(r->tsan_warp[w], __tsan_switch_to_fiber_no_sync);
+        __tsan_release(sync);
+    }
+    for (int w = 0; acquire && w < num_warps; w++) {
+        __tsan_switch_to_fiber(r->tsan_warp[w], __tsan_switch_to_fiber_no_sync);
+        __tsan_acquire(sync);
+    }
+    __tsan_switch_to_fiber(r->tsan_scheduler, __tsan_switch_to_fiber_no_sync);
+}
+#endif
+
+extern "C" EMU_NO_TSAN void emu_fiber_main(EmuFiber* f) {
 #if defined(__SANITIZE_ADDRESS__)
     __sanitizer_finish_switch_fiber(NULL, &emu_runner.scheduler_stack_bottom, &emu_runner.scheduler_stack_size);
 #endif
@@ -255,7 +336,30 @@ static void emu_fiber_main_ucontext(unsigned int lo, unsigned int hi) {
 }
 #endif
 
-static void emu_fiber_start(EmuFiber* f) {
+#if defined(__x86_64__)
+// a fresh stack whose first switch to (emu_switch_stack) calls fn(arg); fn must not return
+EMU_NO_TSAN static void* emu_initial_frame(char* stack, size_t size, void (*fn)(void*), void* arg) {
+    // the frame emu_switch_stack pops: FP control words, r15..r12, rbx, rbp, return address
+    uintptr_t top = ((uintptr_t)(stack + size)) & ~(uintptr_t)15;
+    uint64_t* sp = (uint64_t*)(top - 80);  // 16-byte aligned, so the callee's stack is too
+    uint32_t csr[2];
+    asm volatile("stmxcsr %0" : "=m"(csr[0]));
+    asm volatile("fnstcw %0" : "=m"(csr[1]));
+    memcpy(&sp[0], csr, 8);
+    sp[1] = 0;                                // r15
+    sp[2] = 0;                                // r14
+    sp[3] = (uint64_t)(uintptr_t)fn;          // r13: what emu_fiber_entry calls
+    sp[4] = (uint64_t)(uintptr_t)arg;         // r12: its argument
+    sp[5] = 0;                                // rbx
+    sp[6] = 0;                                // rbp
+    sp[7] = (uint64_t)(uintptr_t)&emu_fiber_entry;
+    sp[8] = 0;
+    sp[9] = 0;
+    return sp;
+}
+#endif
+
+EMU_NO_TSAN static void emu_fiber_start(EmuFiber* f) {
     if (f->stack == NULL) {
         f->stack_size = EMU_STACK_BYTES;
         f->stack = (char*)malloc(f->stack_size);
@@ -268,23 +372,7 @@ static void emu_fiber_start(EmuFiber* f) {
     ASAN_UNPOISON_MEMORY_REGION(f->stack, f->stack_size);
 #endif
 #if defined(__x86_64__)
-    // the frame emu_switch_stack pops: FP control words, r15..r12, rbx, rbp, return address
-    uintptr_t top = ((uintptr_t)(f->stack + f->stack_size)) & ~(uintptr_t)15;
-    uint64_t* sp = (uint64_t*)(top - 80);  // 16-byte aligned, so the callee's stack is too
-    uint32_t csr[2];
-    asm volatile("stmxcsr %0" : "=m"(csr[0]));
-    asm volatile("fnstcw %0" : "=m"(csr[1]));
-    memcpy(&sp[0], csr, 8);
-    sp[1] = 0;                                // r15
-    sp[2] = 0;                                // r14
-    sp[3] = (uint64_t)(uintptr_t)&emu_fiber_main;  // r13: what emu_fiber_entry calls
-    sp[4] = (uint64_t)(uintptr_t)f;           // r12: its argument
-    sp[5] = 0;                                // rbx
-    sp[6] = 0;                                // rbp
-    sp[7] = (uint64_t)(uintptr_t)&emu_fiber_entry;
-    sp[8] = 0;
-    sp[9] = 0;
-    f->sp = sp;
+    f->sp = emu_initial_frame(f->stack, f->stack_size, (void (*)(void*))&emu_fiber_main, f);
 #else
     getcontext(&f->ctx);
     f->ctx.uc_stack.ss_sp = f->stack;
@@ -296,18 +384,24 @@ static void emu_fiber_start(EmuFiber* f) {
 #endif
 }
 
+// 1 if the environment variable is set to a non-zero number
+static int emu_env_flag(const char* name) {
+    const char* s = getenv(name);
+    return s != NULL && atoi(s) != 0;
+}
+
 static int emu_reverse_order(void) {
-    static int reverse = -1;
-    if (reverse < 0) {
-        const char* s = getenv("EMU_REVERSE");
-        reverse = (s != NULL && atoi(s) != 0);
-    }
+    static const int reverse = emu_env_flag("EMU_REVERSE");  // (read once, thread-safely)
     return reverse;
 }
 
 // runs every thread of the current block (blockIdx etc. already set) to its end
-static void emu_run_block(const std::function<void()>& body, const char* kernel) {
+EMU_NO_TSAN static void emu_run_block(const std::function<void()>& body, const char* kernel) {
     EmuBlockRunner* r = &emu_runner;
+#if EMU_TSAN
+    r->tsan_scheduler = __tsan_get_current_fiber();
+    memset(r->tsan_warp_started, 0, sizeof(r->tsan_warp_started));
+#endif
     int n = (int)(blockDim.x * blockDim.y * blockDim.z);
     if ((int)r->fibers.size() < n) { r->fibers.resize(n); }
     r->body = &body;
@@ -350,12 +444,22 @@ static void emu_run_block(const std::function<void()>& body, const char* kernel)
             done += r->fibers[i].state == EMU_DONE;
             at_sync += r->fibers[i].state == EMU_AT_SYNCTHREADS;
         }
-        if (done == n) { break; }
+        if (done == n) {
+#if EMU_TSAN
+            // the next block on this OS thread comes after this one (it reuses the shared memory)
+            emu_tsan_all_warps(r, num_warps, &r->block_end, 0);
+            __tsan_acquire(&r->block_end);
+#endif
+            break;
+        }
         if (at_sync != n) {
             emu_die("%s: block (%u,%u,%u): __syncthreads reached by %d of %d threads (%d exited; the "
                     "barrier must be reached by every thread of the block)",
                     kernel, blockIdx.x, blockIdx.y, blockIdx.z, at_sync, n, done);
         }
+#if EMU_TSAN
+        emu_tsan_all_warps(r, num_warps, &r->barrier, 1);
+#endif
         for (int i = 0; i < n; i++) { r->fibers[i].state = EMU_RUNNABLE; }
     }
 }
@@ -407,6 +511,9 @@ typedef struct EmuStream {
     std::deque<std::function<void()>> pending;  // queued, not run yet (waits included)
     uint64_t issued, done;  // operations queued so far / run so far, in order
     int lazy;
+    void* tsan;      // EMU_TSAN: the TSan fiber its operations run in (one "thread" per stream)
+    char* stack;     // EMU_TSAN: ... and its stack
+    char tsan_done;  // EMU_TSAN: released after each operation (stream synchronization)
 } EmuStream;
 typedef EmuStream* cudaStream_t;
 
@@ -416,7 +523,20 @@ typedef struct EmuEvent {
     int timing;
     double time_ms;     // host clock when the record ran
     int has_time;
+    char* token;        // EMU_TSAN: its last record releases this address
 } EmuEvent;
+
+// EMU_TSAN: a fresh sync object for each event record, so that a wait orders exactly what
+// came before that record. Plain bytes of one array, not heap objects with reference counts:
+// TSan takes an atomic count for an order, and would order a stream after the host that
+// dropped a reference. (After 2^20 records the bytes are reused: more order, never less.)
+#if EMU_TSAN
+static char emu_tsan_tokens[1 << 20];
+static size_t emu_tsan_token_count = 0;  // under the emulator's lock
+static char* emu_new_token(void) { return &emu_tsan_tokens[emu_tsan_token_count++ % sizeof(emu_tsan_tokens)]; }
+#else
+static char* emu_new_token(void) { return NULL; }
+#endif
 typedef EmuEvent* cudaEvent_t;
 
 typedef struct {
@@ -453,7 +573,30 @@ static EmuRuntime& emu_rt(void) {
     }
     return *rt;
 }
+// Every runtime call holds the emulator's lock. With EMU_TSAN its bookkeeping is not checked
+// and the lock is invisible to TSan: two host threads calling the runtime are not ordered by
+// that (they are not on a GPU). The work the call queues runs as its stream, checked.
+#if EMU_TSAN
+extern "C" void AnnotateIgnoreSyncBegin(const char* file, int line);
+extern "C" void AnnotateIgnoreSyncEnd(const char* file, int line);
+struct EmuApiScope {
+    EmuApiScope() {
+        AnnotateIgnoreSyncBegin(__FILE__, __LINE__);
+        emu_rt().mu.lock();
+        AnnotateIgnoreSyncEnd(__FILE__, __LINE__);
+        EMU_UNCHECKED_BEGIN();
+    }
+    ~EmuApiScope() {
+        EMU_UNCHECKED_END();
+        AnnotateIgnoreSyncBegin(__FILE__, __LINE__);
+        emu_rt().mu.unlock();
+        AnnotateIgnoreSyncEnd(__FILE__, __LINE__);
+    }
+};
+#define EMU_LOCK EmuApiScope emu_lock_
+#else
 #define EMU_LOCK std::lock_guard<std::recursive_mutex> emu_lock_(emu_rt().mu)
+#endif
 
 static inline cudaError_t emu_error(cudaError_t err) {
     if (err != cudaSuccess) { emu_rt().last_error = err; }
@@ -574,11 +717,7 @@ static inline cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr
 
 // EMU_NO_KERNEL_IMAGE=1 plays a GPU the binary was not built for: every kernel is missing
 static int emu_no_kernel_image(void) {
-    static int missing = -1;
-    if (missing < 0) {
-        const char* s = getenv("EMU_NO_KERNEL_IMAGE");
-        missing = (s != NULL && atoi(s) != 0);
-    }
+    static const int missing = emu_env_flag("EMU_NO_KERNEL_IMAGE");
     return missing;
 }
 
@@ -598,18 +737,73 @@ static inline cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* attr, void (
 
 // --- streams: a queue per stream; `lazy` streams run their queue only when something waits
 
+// runs one operation of stream s. With EMU_TSAN it runs as the stream's own TSan fiber,
+// which sees what the issuing host thread did before (eager: the host state at issue), but
+// nothing else: another stream's work only through an event (cudaStreamWaitEvent), and the
+// host sees the stream's work only when it synchronizes (an event, the stream, the device).
+// (The stream's fiber has a stack of its own, as TSan's fibers must: frames of the host's
+// stack written by a stream would look like races with the host's own later frames.)
+#if EMU_TSAN
+#if !defined(__x86_64__)
+#error "the emulator's race detection (-fsanitize=thread) needs x86-64"
+#endif
+static const size_t EMU_STREAM_STACK_BYTES = 1 << 20;
+typedef struct {
+    EmuStream* stream;
+    std::function<void()>* op;
+    void* caller_sp;    // where to switch back
+    void* caller_tsan;  // ... and its TSan fiber
+} EmuStreamCall;
+
+extern "C" EMU_NO_TSAN void emu_stream_entry(void* arg) {
+    EmuStreamCall* call = (EmuStreamCall*)arg;
+    {
+        std::function<void()> mine = std::move(*call->op);  // its captures are freed on the stream too
+        mine();
+    }
+    emu_tsan_release(&call->stream->tsan_done);
+    __tsan_switch_to_fiber(call->caller_tsan, __tsan_switch_to_fiber_no_sync);
+    void* unused;
+    emu_switch_stack(&unused, call->caller_sp);
+    __builtin_unreachable();
+}
+#endif
+
+static void emu_run_op(EmuStream* s, std::function<void()>& op) {
+#if EMU_TSAN
+    if (s->tsan == NULL) {
+        s->tsan = __tsan_create_fiber(0);
+        s->stack = (char*)malloc(EMU_STREAM_STACK_BYTES);
+        if (s->stack == NULL) { emu_die("out of memory for a stream's stack"); }
+    }
+    EmuStreamCall call = {s, &op, NULL, __tsan_get_current_fiber()};
+    void* sp = emu_initial_frame(s->stack, EMU_STREAM_STACK_BYTES, emu_stream_entry, &call);
+    __tsan_switch_to_fiber(s->tsan, 0);
+    emu_switch_stack(&call.caller_sp, sp);
+#else
+    op();
+#endif
+}
+
 static void emu_force(EmuStream* s, uint64_t seq) {
     while (s->done < seq) {
-        std::function<void()> op = std::move(s->pending.front());
+        emu_run_op(s, s->pending.front());  // may force other streams (a cudaStreamWaitEvent)
+        EMU_UNCHECKED_BEGIN();
         s->pending.pop_front();
-        op();  // may force other streams (a cudaStreamWaitEvent)
         s->done++;
+        EMU_UNCHECKED_END();
     }
+}
+
+// the host waited for all of stream s's work so far
+static void emu_synchronized(EmuStream* s) {
+    emu_force(s, s->issued);
+    emu_tsan_acquire(&s->tsan_done);
 }
 
 static void emu_force_all(void) {
     EMU_LOCK;
-    for (EmuStream* s : emu_rt().streams) { emu_force(s, s->issued); }
+    for (EmuStream* s : emu_rt().streams) { emu_synchronized(s); }
 }
 
 static inline EmuStream* emu_stream(cudaStream_t s) { return s == NULL ? &emu_rt().default_stream : s; }
@@ -641,13 +835,16 @@ static inline cudaError_t cudaStreamDestroy(cudaStream_t stream) {
     emu_force(stream, stream->issued);
     auto& v = emu_rt().streams;
     v.erase(std::find(v.begin(), v.end(), stream));
+#if EMU_TSAN
+    if (stream->tsan != NULL) { __tsan_destroy_fiber(stream->tsan); }
+    free(stream->stack);
+#endif
     delete stream;
     return cudaSuccess;
 }
 static inline cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
     EMU_LOCK;
-    EmuStream* s = emu_stream(stream);
-    emu_force(s, s->issued);
+    emu_synchronized(emu_stream(stream));
     return cudaSuccess;
 }
 static inline cudaError_t cudaDeviceSynchronize(void) {
@@ -682,24 +879,35 @@ static inline cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream
     event->seq = s->issued + 1;
     event->has_time = 0;
     uint64_t seq = event->seq;
-    emu_enqueue(stream, [event, seq]() {
+    char* token = emu_new_token();
+    event->token = token;
+    emu_enqueue(stream, [event, seq, token]() {
+        EMU_UNCHECKED_BEGIN();
         if (event->seq == seq) {  // not re-recorded since
             event->time_ms = emu_clock_ms();
             event->has_time = 1;
         }
+        EMU_UNCHECKED_END();
+        emu_tsan_release(token);  // everything before it on this stream
     });
     return cudaSuccess;
 }
 static inline cudaError_t cudaEventSynchronize(cudaEvent_t event) {
     EMU_LOCK;
-    if (event->stream != NULL) { emu_force(event->stream, event->seq); }
+    if (event->stream != NULL) {
+        emu_force(event->stream, event->seq);
+        emu_tsan_acquire(event->token);
+    }
     return cudaSuccess;
 }
 static inline cudaError_t cudaEventQuery(cudaEvent_t event) {
     EMU_LOCK;
     // "not ready" also becomes the last error, as the real runtime may keep it: a caller
     // that does not clear it fails at its next launch check, here as on a GPU
-    return event->stream == NULL || event->stream->done >= event->seq ? cudaSuccess : emu_error(cudaErrorNotReady);
+    if (event->stream == NULL) { return cudaSuccess; }
+    if (event->stream->done < event->seq) { return emu_error(cudaErrorNotReady); }
+    emu_tsan_acquire(event->token);
+    return cudaSuccess;
 }
 static inline cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
     EMU_LOCK;
@@ -716,7 +924,11 @@ static inline cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t e
     EmuStream* on = event->stream;
     uint64_t seq = event->seq;
     if (on == NULL) { return cudaSuccess; }  // never recorded: nothing to wait for
-    emu_enqueue(stream, [on, seq]() { emu_force(on, seq); });
+    char* token = event->token;
+    emu_enqueue(stream, [on, seq, token]() {
+        emu_force(on, seq);
+        emu_tsan_acquire(token);
+    });
     return cudaSuccess;
 }
 
@@ -813,23 +1025,81 @@ static inline void emu_check_arg(T* p, const char* kernel, int index) {
 template <typename T>
 static inline void emu_check_arg(const T&, const char*, int) {}
 
-static void emu_run_grid(EmuConfig c, const std::function<void()>& body, const char* kernel) {
+// the j-th block of the grid in run order
+static void emu_run_block_number(EmuConfig c, const std::function<void()>& body, const char* kernel, long long j) {
     long long blocks = (long long)c.grid.x * c.grid.y * c.grid.z;
-    int reverse = emu_reverse_order();
-#pragma omp parallel for schedule(dynamic, 1)
-    for (long long j = 0; j < blocks; j++) {
-        long long b = reverse ? blocks - 1 - j : j;
-        blockIdx = dim3((unsigned)(b % c.grid.x), (unsigned)((b / c.grid.x) % c.grid.y),
-                        (unsigned)(b / ((long long)c.grid.x * c.grid.y)));
-        blockDim = c.block;
-        gridDim = c.grid;
+    long long b = emu_reverse_order() ? blocks - 1 - j : j;
+    blockIdx = dim3((unsigned)(b % c.grid.x), (unsigned)((b / c.grid.x) % c.grid.y),
+                    (unsigned)(b / ((long long)c.grid.x * c.grid.y)));
+    blockDim = c.block;
+    gridDim = c.grid;
 #if defined(__SANITIZE_ADDRESS__)
-        emu_runner.scheduler_stack_bottom = NULL;
-        emu_runner.scheduler_stack_size = 0;
+    emu_runner.scheduler_stack_bottom = NULL;
+    emu_runner.scheduler_stack_size = 0;
 #endif
-        emu_run_block(body, kernel);
+    emu_run_block(body, kernel);
+}
+
+#if EMU_TSAN
+// Races between blocks: the blocks of a grid run on EMU_TSAN_WORKERS threads of their own,
+// block j on thread j % EMU_TSAN_WORKERS, and nothing orders two threads' blocks but the
+// grid's start and end (as on a GPU). So TSan reports a global-memory access of one block
+// that conflicts with one of a neighbour (a block on another worker). Blocks on the same
+// worker are ordered, each after the last: that is how their shared memory is reused.
+static const int EMU_TSAN_WORKERS = 2;
+typedef struct {
+    std::mutex mu;
+    std::condition_variable cv;
+    const std::function<void()>* body;
+    EmuConfig config;
+    const char* kernel;
+    uint64_t generation;  // grids started
+    int finished;         // workers done with the current grid
+} EmuTsanWorkers;
+static EmuTsanWorkers& emu_tsan_workers = *new EmuTsanWorkers();  // never destroyed: its threads outlive main
+
+static void emu_tsan_worker(int w) {
+    EmuTsanWorkers& ws = emu_tsan_workers;
+    uint64_t seen = 0;
+    for (;;) {
+        std::unique_lock<std::mutex> lock(ws.mu);
+        ws.cv.wait(lock, [&]() { return ws.generation != seen; });
+        seen = ws.generation;
+        EmuConfig c = ws.config;
+        const std::function<void()>* body = ws.body;
+        const char* kernel = ws.kernel;
+        lock.unlock();
+        long long blocks = (long long)c.grid.x * c.grid.y * c.grid.z;
+        for (long long j = w; j < blocks; j += EMU_TSAN_WORKERS) { emu_run_block_number(c, *body, kernel, j); }
+        lock.lock();
+        ws.finished++;
+        ws.cv.notify_all();
     }
 }
+
+static void emu_run_grid(EmuConfig c, const std::function<void()>& body, const char* kernel) {
+    EmuTsanWorkers& ws = emu_tsan_workers;
+    static int started = 0;
+    if (!started) {
+        for (int w = 0; w < EMU_TSAN_WORKERS; w++) { std::thread(emu_tsan_worker, w).detach(); }
+        started = 1;
+    }
+    std::unique_lock<std::mutex> lock(ws.mu);
+    ws.body = &body;
+    ws.config = c;
+    ws.kernel = kernel;
+    ws.finished = 0;
+    ws.generation++;
+    ws.cv.notify_all();
+    ws.cv.wait(lock, [&]() { return ws.finished == EMU_TSAN_WORKERS; });
+}
+#else
+static void emu_run_grid(EmuConfig c, const std::function<void()>& body, const char* kernel) {
+    long long blocks = (long long)c.grid.x * c.grid.y * c.grid.z;
+#pragma omp parallel for schedule(dynamic, 1)
+    for (long long j = 0; j < blocks; j++) { emu_run_block_number(c, body, kernel, j); }
+}
+#endif
 
 template <typename... P>
 struct EmuLaunch {
