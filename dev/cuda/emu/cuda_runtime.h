@@ -1079,11 +1079,11 @@ static void emu_tsan_worker(int w) {
 
 static void emu_run_grid(EmuConfig c, const std::function<void()>& body, const char* kernel) {
     EmuTsanWorkers& ws = emu_tsan_workers;
-    static int started = 0;
-    if (!started) {
+    static const int started = []() {  // the workers, at the first launch
         for (int w = 0; w < EMU_TSAN_WORKERS; w++) { std::thread(emu_tsan_worker, w).detach(); }
-        started = 1;
-    }
+        return 1;
+    }();
+    (void)started;
     std::unique_lock<std::mutex> lock(ws.mu);
     ws.body = &body;
     ws.config = c;
