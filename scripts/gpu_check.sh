@@ -2,7 +2,12 @@
 # The one script a lent GPU (an H200) runs for the CUDA trainer (issue 4) and ZenFlow on the
 # GPU (issue 5):
 #
-#   bash scripts/gpu_check.sh <logdir>
+#   bash scripts/gpu_check.sh <logdir> [--out <dir>]
+#
+# --out: also write the two files a remote run must bring back into <dir>, summary.md and
+# gpu_check_logs.tar.gz (every log of <logdir>): the device tool returns at most 8 files from
+# its $OUT, and this script writes some 40. On a lent GPU:
+#   bash scripts/gpu_check.sh /tmp/gpu_check --out $OUT
 #
 # 1. builds train_gpt2cu, test_gpt2cu and dev/cuda for sm_90 (in parallel, into build/gpu_check)
 # 2. finds the PyTorch reference cases (dev/test/ref/*/state.bin, and the ZenFlow cases
@@ -28,20 +33,30 @@
 # (q.k and att.v, 2*T*C flops each per token and layer forward, x3 for the backward), full
 # T x T since the kernels compute the masked half too.
 #
-# Exit status: 0 if no stage FAILed. Meant to finish within 6 minutes on an H200: each stage
-# has a timeout, the whole script stops starting new stages after 5 minutes, and the ZenFlow
-# benchmark stops starting runs when its share of that is used up.
+# Exit status: 0 if no stage FAILed. Finishes within 6 minutes: each stage has a timeout, cut
+# short where it would run past 345 s (that stage then FAILs as timed out), no new stage starts
+# after 5 minutes, and the ZenFlow benchmark stops starting runs when its share is used up; so
+# the summary and the --out archive are always written.
 set -u
 
-if [ $# -ne 1 ]; then
-    echo "usage: $0 <logdir>" >&2
+PACK_DIR=""
+if [ $# -eq 3 ] && [ "$2" = --out ]; then
+    mkdir -p "$3" || exit 2
+    PACK_DIR=$(cd "$3" && pwd)
+elif [ $# -ne 1 ]; then
+    echo "usage: $0 <logdir> [--out <dir>]" >&2
     exit 2
 fi
 mkdir -p "$1" || exit 2
 LOGDIR=$(cd "$1" && pwd)
+if [ -n "$PACK_DIR" ] && [[ "$LOGDIR/" == "$PACK_DIR"/* ]]; then
+    echo "gpu_check.sh: <logdir> must not lie inside the --out directory (its logs would come back file by file)" >&2
+    exit 2
+fi
 cd "$(dirname "$0")/.." || exit 2
 START=$(date +%s)
 BUDGET_S=300  # no new stage starts after this many seconds
+HARD_S=345    # and no stage runs past this many
 
 NVCC=${NVCC:-nvcc}
 ARCH="-gencode arch=compute_90,code=sm_90"
@@ -68,10 +83,13 @@ record() {  # record NAME STATUS NOTE
 
 out_of_time() { [ $(( $(date +%s) - START )) -gt $BUDGET_S ]; }
 
-# run_logged LOG TIMEOUT CMD...: runs with a timeout, all output to LOG; returns the status
+# run_logged LOG TIMEOUT CMD...: runs with a timeout (cut to what is left of HARD_S), all
+# output to LOG; returns the status (124 or 137 when the time ran out)
 run_logged() {
     local log=$1 limit=$2
     shift 2
+    local left=$(( HARD_S - ($(date +%s) - START) ))
+    [ "$limit" -gt "$left" ] && limit=$(( left > 1 ? left : 1 ))
     timeout --kill-after=10 "$limit" "$@" >"$log" 2>&1
 }
 
@@ -433,6 +451,23 @@ failed=0
     echo
     echo "total time: $(( $(date +%s) - START )) s; logs in $LOGDIR; $failed stage(s) failed"
 } >"$LOGDIR/summary.md"
+
+# --out: the summary, and every log in one archive; a log over 4 MiB (a sanitizer reporting
+# every access, say) keeps its first and last MiB, so the archive stays far below the 16 MiB
+# the device tool returns per file
+if [ -n "$PACK_DIR" ]; then
+    staging=$(mktemp -d)
+    cp -r "$LOGDIR" "$staging/gpu_check"
+    find "$staging/gpu_check" -type f -size +4M -print0 | while IFS= read -r -d '' f; do
+        { head -c 1048576 "$f"
+          printf '\n[... gpu_check.sh cut this log of %s bytes to its first and last MiB ...]\n' "$(stat -c %s "$f")"
+          tail -c 1048576 "$f"; } >"$f.cut" && mv "$f.cut" "$f"
+    done
+    cp "$LOGDIR/summary.md" "$PACK_DIR/summary.md"
+    tar czf "$PACK_DIR/gpu_check_logs.tar.gz" -C "$staging" gpu_check \
+        || echo "gpu_check.sh: could not write $PACK_DIR/gpu_check_logs.tar.gz" >&2
+    rm -rf "$staging"
+fi
 echo
 echo "================================ summary ================================"
 cat "$LOGDIR/summary.md"

@@ -12,6 +12,23 @@ mkdir -p "$LOG_DIR"
 passed=0 failed=0 skipped=0
 summary=()
 
+# scripts/gpu_check.sh without a device, with --out as docs/results/README.md runs it
+gpu_check_dry_run() {
+    local out="$LOG_DIR/gpu_check_out" archive
+    rm -rf "$out"
+    bash scripts/gpu_check.sh "$LOG_DIR/gpu_check" --out "$out" || return 1
+    archive="$out/gpu_check_logs.tar.gz"
+    if [ "$(ls "$out")" != "$(printf 'gpu_check_logs.tar.gz\nsummary.md')" ]; then
+        echo "FAIL: --out should hold gpu_check_logs.tar.gz and summary.md, holds: $(ls "$out" | tr '\n' ' ')"
+        return 1
+    fi
+    if ! tar -xzOf "$archive" gpu_check/summary.md | cmp -s - "$out/summary.md"; then
+        echo "FAIL: $archive has no gpu_check/summary.md equal to $out/summary.md"
+        return 1
+    fi
+    echo "gpu_check.sh --out: summary.md and an archive of $(tar -tzf "$archive" | grep -c -v '/$') logs"
+}
+
 # run_test NAME COMMAND...: runs it, shows its output, records the verdict
 run_test() {
     local name=$1
@@ -116,8 +133,9 @@ if [ -x ./test_gpt2cu ]; then
         # the GPU check script itself, without a device: it builds for sm_90, finds the
         # references, runs what needs no GPU, and every other stage must say SKIPPED (not
         # FAIL) and the summary table come out: a broken script is found here, not on a
-        # lent GPU's scarce minutes
-        run_test gpu_check_script bash scripts/gpu_check.sh "$LOG_DIR/gpu_check"
+        # lent GPU's scarce minutes. Run as on a lent GPU: logs outside, and only the summary
+        # and one archive of the logs in --out (the device tool brings back at most 8 files)
+        run_test gpu_check_script gpu_check_dry_run
     fi
 else
     skip_test test_gpt2cu "nvcc not found, CUDA trainer not built (install the CUDA toolkit)"
