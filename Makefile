@@ -44,7 +44,7 @@ endif
 
 HEADERS = $(wildcard llmc/*.h) cpu_adam.h zenflow.h
 
-.PHONY: all test run data deps refs gpu_refs clean bench bench_zenflow cuda_dev fuzz emu
+.PHONY: all test run data deps refs gpu_refs clean bench bench_zenflow bench_llmc cuda_dev fuzz emu
 all: $(CPU_BINS) $(CUDA_BINS)
 
 cpu_adam.o: cpu_adam.cpp cpu_adam.h
@@ -176,6 +176,11 @@ run: deps data all
 # the GPU benchmark of the three modes (scripts/bench_zenflow.sh; needs a GPU)
 bench_zenflow: train_gpt2cu
 	bash scripts/bench_zenflow.sh
+
+# ours against llm.c's fp32 trainer, side by side (needs a GPU; llm.c is fetched into build/)
+bench_llmc: train_gpt2cu
+	@[ -f build/llmc_ref/train_gpt2_fp32.cu ] || bash scripts/get_llmc.sh
+	bash scripts/bench_llmc.sh
 
 # cpu_adam vs torch.optim.AdamW vs the memory-bandwidth limit, one table
 bench: deps bench_cpu_adam

@@ -18,12 +18,16 @@
 #    scripts/test_resume.py on train_gpt2cu (checkpoints, resume, SIGKILLs)
 # 4. runs every dev/cuda program (validation against the CPU references, then timings),
 #    including zenflow (the GPU backend's primitives) and the two CPU-only ZenFlow checks
-# 5. benchmarks ZenFlow: scripts/bench_zenflow.sh --quick (d12 and d48, adamw / offload /
-#    zenflow with both transports; its table is appended to the summary), then, if time
-#    remains, GPT-2 124M (d12, random init, -zo adamw), T=1024: B=4 and B=16 with TF32, B=4
-#    in fp32; 12 steps each, on tinyshakespeare if data/tinyshakespeare/*.bin exist, else on
-#    a synthetic shard of random tokens written here (no network needed); and the d12
-#    timelines of offload and zenflow (-tr, steps 4..7) for the teaching pictures
+#    then compute-sanitizer's memcheck and racecheck over test_gpt2cu on the tiny case
+# 5. benchmarks, on tinyshakespeare if data/tinyshakespeare/*.bin exist, else on a synthetic
+#    shard of random tokens written here (no network needed):
+#    - ours against llm.c's fp32 trainer, side by side: scripts/bench_llmc.sh (d12, B = 4
+#      and 16, T = 1024; needs build/llmc_ref, from scripts/get_llmc.sh, else SKIPPED);
+#    - ZenFlow: scripts/bench_zenflow.sh --quick (d12 and d48, adamw / offload / zenflow
+#      with both transports); both tables are appended to the summary;
+#    - the d12 timelines of offload and zenflow (-tr, steps 4..7) for the teaching pictures;
+#    - if time remains, GPT-2 124M (d12, random init, -zo adamw), T=1024: B=4 and B=16 with
+#      TF32, B=4 in fp32, 12 steps each.
 # Prints a summary table LAST (also $LOGDIR/summary.md); every log is under <logdir>.
 #
 # Benchmark numbers: ms/step = median of steps 3..12 (steps 1-2 are warm-up: cuBLASLt
@@ -371,6 +375,37 @@ bench() {  # bench NAME SLUG B TF32 (SLUG names the log file)
         printf "%.1f ms/step  %.0f tok/s  %.1f TFLOP/s", ms, tok / (ms / 1e3), flops / (ms / 1e3) / 1e12 }')
     record "bench $name" PASS "$line (final loss $loss)"
 }
+# issue 4's speed target, side by side: ours against llm.c's fp32 trainer, d12, B = 4 and 16
+# (scripts/bench_llmc.sh; llm.c's source is build/llmc_ref, which scripts/get_llmc.sh fetches
+# and the device run carries; without it this says SKIPPED)
+LLMC_BENCH_MD=""
+if [ $rc_train -ne 0 ]; then
+    record "bench vs llm.c" SKIPPED "build failed"
+elif out_of_time; then
+    record "bench vs llm.c" SKIPPED "out of time"
+else
+    run_logged "$LOGDIR/bench_llmc.log" 150 bash scripts/bench_llmc.sh --bin "$BUILD/train_gpt2cu" \
+        --out "$BUILD/bench_llmc" --train "$TRAIN" --val "$VAL"
+    rc=$?
+    mkdir -p "$LOGDIR/bench_llmc_logs" && cp "$BUILD"/bench_llmc/logs/* "$LOGDIR/bench_llmc_logs/" 2>/dev/null
+    if grep -q "SKIPPED" "$LOGDIR/bench_llmc.log"; then
+        record "bench vs llm.c" SKIPPED "$(grep SKIPPED "$LOGDIR/bench_llmc.log" | tail -1)"
+    elif [ ! -s "$BUILD/bench_llmc/results.txt" ]; then
+        record "bench vs llm.c" FAIL "$(timeout_note $rc): $(tail -1 "$LOGDIR/bench_llmc.log")"
+    else
+        cp "$BUILD/bench_llmc/bench_llmc.md" "$LOGDIR/" 2>/dev/null && LLMC_BENCH_MD="$LOGDIR/bench_llmc.md"
+        while read -r B ours llmc _; do
+            if [ "$ours" = FAILED ]; then
+                record "bench vs llm.c B=$B" FAIL "$llmc (see bench_llmc_logs)"
+            else
+                record "bench vs llm.c B=$B" PASS "$(awk -v o="$ours" -v l="$llmc" \
+                    'BEGIN { printf "ours %.1f ms/step, llm.c fp32 %.1f ms/step: ours / llm.c = %.3f (target <= 1.00)", o, l, o / l }')"
+            fi
+        done <"$BUILD/bench_llmc/results.txt"
+        [ $rc -eq 124 ] || [ $rc -eq 137 ] && record "bench vs llm.c" FAIL "timed out before every batch size ran"
+    fi
+fi
+
 # ZenFlow (issue 5): the modes side by side, d12 and d48; it stops starting runs in time
 ZF_BENCH_MD=""
 if [ $rc_train -ne 0 ]; then
@@ -444,6 +479,10 @@ failed=0
         [ "${ROW_STATUS[$i]}" = FAIL ] && failed=$((failed + 1))
     done
     echo
+    if [ -n "$LLMC_BENCH_MD" ] && [ -f "$LLMC_BENCH_MD" ]; then
+        echo
+        cat "$LLMC_BENCH_MD"
+    fi
     if [ -n "$ZF_BENCH_MD" ] && [ -f "$ZF_BENCH_MD" ]; then
         echo
         cat "$ZF_BENCH_MD"

@@ -117,6 +117,8 @@ run_test emu_bad_input "$PYTHON" scripts/test_bad_input.py build/emu/train_gpt2c
 run_test emu_trace env EMU_SCHEDULE=lazy "$PYTHON" scripts/test_trace.py build/emu/train_gpt2cu dev/test/ref/tiny
 # PCIe bytes per step of every mode (bench_zenflow.sh on a small model) against the shapes
 run_test emu_pcie_bytes "$PYTHON" scripts/test_pcie_bytes.py build/emu/train_gpt2cu --emulated-gpu
+# the side-by-side benchmark against llm.c's fp32 trainer, with stand-ins for both trainers
+run_test emu_bench_llmc "$PYTHON" scripts/test_bench_llmc.py build/emu/train_gpt2cu
 run_test trace_cpu "$PYTHON" scripts/test_trace.py ./train_gpt2cpu dev/test/ref/tiny
 run_test failures_cpu "$PYTHON" scripts/test_failures.py ./train_gpt2cpu dev/test/ref/tiny
 run_test emu_failures "$PYTHON" scripts/test_failures.py build/emu/train_gpt2cu dev/test/ref/tiny --steps 30
