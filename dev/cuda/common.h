@@ -11,8 +11,8 @@ random data at several sizes, then times them.
   L2 cache flushed before each run (otherwise a kernel re-reading its own input from a
   50 MB L2 would look faster than it is).
 - benchmarks_wanted: 0 with ZF_SKIP_BENCHMARKS=1 (each program's benchmark() returns at once).
-- report_bandwidth: µs, GB/s and the fraction of a peak copy bandwidth, 4300 GB/s by default
-  (an H200's measured device-to-device copy), or ZF_PEAK_GBS=<GB/s> from the environment.
+- report_bandwidth: µs, GB/s and the fraction of the device's copy bandwidth, measured once
+  per program with a device-to-device cudaMemcpy (or ZF_PEAK_GBS=<GB/s> from the environment).
 Without a CUDA device every program prints "<name>: SKIPPED (...)" and exits 0.
 */
 #ifndef DEV_CUDA_COMMON_H
@@ -140,10 +140,30 @@ static float benchmark_us(int repeats, Launch launch) {
     return total_ms * 1000.0f / repeats;
 }
 
+// the 100% of report_bandwidth: ZF_PEAK_GBS=<GB/s> from the environment, else this device's
+// own device-to-device cudaMemcpy, measured once per program (bytes read + bytes written,
+// counted as for the kernels), so that the fractions hold on any GPU and come from the run
+// that measured the kernels (an H200 copies about 4.3 TB/s)
 static double peak_gbs(void) {
+    static double peak = 0.0;
+    if (peak > 0.0) { return peak; }
     const char* env = getenv("ZF_PEAK_GBS");
-    double v = env != NULL ? atof(env) : 0.0;
-    return v > 0.0 ? v : 4300.0;
+    if (env != NULL && atof(env) > 0.0) {
+        peak = atof(env);
+        return peak;
+    }
+    const size_t bytes = (size_t)256 << 20;  // each way: far beyond any L2
+    void *src = NULL, *dst = NULL;
+    cudaCheck(cudaMalloc(&src, bytes));
+    cudaCheck(cudaMalloc(&dst, bytes));
+    cudaCheck(cudaMemset(src, 0, bytes));
+    float us = benchmark_us(20, [&] { cudaCheck(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice)); });
+    cudaCheck(cudaFree(src));
+    cudaCheck(cudaFree(dst));
+    peak = 2.0 * (double)bytes / (us * 1e-6) / 1e9;
+    printf("  (100%% below = this device's cudaMemcpy device to device, %.0f MiB: %.0f GB/s read + write)\n",
+           bytes / 1048576.0, peak);
+    return peak;
 }
 
 // bytes: what the kernel must move at least (each input read once, each output written once)
