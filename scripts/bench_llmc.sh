@@ -21,7 +21,7 @@
 # ms/step is the median of steps 3 and later (llm.c trains one epoch of the data, ours 20
 # steps; the first two steps are warm-up). The val loss at step 0 (one batch, the same in
 # both) shows that llm.c read the same model file; it is not a test (TF32 and different
-# cuBLAS algorithms: the two agree to about 1e-4, not bit for bit).
+# cuBLAS algorithms and kernels: close, never bit for bit).
 #
 # Output: a table (also $OUT/bench_llmc.md) and $OUT/results.txt, one line per batch size:
 #   B ours_ms llmc_ms ours_val0 llmc_val0      or      B FAILED note

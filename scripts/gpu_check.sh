@@ -384,6 +384,7 @@ if [ $rc_train -ne 0 ]; then
 elif out_of_time; then
     record "bench vs llm.c" SKIPPED "out of time"
 else
+    rm -f "$BUILD/bench_llmc/results.txt"  # never a stale one from an earlier run
     run_logged "$LOGDIR/bench_llmc.log" 150 bash scripts/bench_llmc.sh --bin "$BUILD/train_gpt2cu" \
         --out "$BUILD/bench_llmc" --train "$TRAIN" --val "$VAL"
     rc=$?
