@@ -2,12 +2,15 @@
 # The one script a lent GPU (an H200) runs for the CUDA trainer (issue 4) and ZenFlow on the
 # GPU (issue 5):
 #
-#   bash scripts/gpu_check.sh <logdir> [--out <dir>]
+#   bash scripts/gpu_check.sh <logdir> [--out <dir>] [--only "<stages>"]
 #
 # --out: also write the two files a remote run must bring back into <dir>, summary.md and
 # gpu_check_logs.tar.gz (every log of <logdir>): the device tool returns at most 8 files from
 # its $OUT, and this script writes some 40. On a lent GPU:
 #   bash scripts/gpu_check.sh /tmp/gpu_check --out $OUT
+# --only: run just these stages after the builds (a second run on the same lease, for what
+# the first one left SKIPPED "out of time"): tests resume devcuda sanitizer llmc zenflow
+# timeline d12, e.g. --only "sanitizer timeline"
 #
 # 1. builds train_gpt2cu, test_gpt2cu and dev/cuda for sm_90 (in parallel, into build/gpu_check)
 # 2. finds the PyTorch reference cases (dev/test/ref/*/state.bin, and the ZenFlow cases
@@ -43,16 +46,25 @@
 # the summary and the --out archive are always written.
 set -u
 
+usage() { echo "usage: $0 <logdir> [--out <dir>] [--only \"<stages>\"] (stages: $STAGES)" >&2; exit 2; }
+STAGES="tests resume devcuda sanitizer llmc zenflow timeline d12"
 PACK_DIR=""
-if [ $# -eq 3 ] && [ "$2" = --out ]; then
-    mkdir -p "$3" || exit 2
-    PACK_DIR=$(cd "$3" && pwd)
-elif [ $# -ne 1 ]; then
-    echo "usage: $0 <logdir> [--out <dir>]" >&2
-    exit 2
-fi
-mkdir -p "$1" || exit 2
-LOGDIR=$(cd "$1" && pwd)
+ONLY=""
+[ $# -ge 1 ] || usage
+LOGDIR_ARG=$1
+shift
+while [ $# -gt 0 ]; do
+    case $1 in
+        --out) [ $# -ge 2 ] || usage; mkdir -p "$2" || exit 2; PACK_DIR=$(cd "$2" && pwd); shift 2 ;;
+        --only) [ $# -ge 2 ] || usage; ONLY=$2; shift 2 ;;
+        *) usage ;;
+    esac
+done
+for stage in $ONLY; do
+    [[ " $STAGES " == *" $stage "* ]] || { echo "gpu_check.sh: --only: no stage '$stage'" >&2; usage; }
+done
+mkdir -p "$LOGDIR_ARG" || exit 2
+LOGDIR=$(cd "$LOGDIR_ARG" && pwd)
 if [ -n "$PACK_DIR" ] && [[ "$LOGDIR/" == "$PACK_DIR"/* ]]; then
     echo "gpu_check.sh: <logdir> must not lie inside the --out directory (its logs would come back file by file)" >&2
     exit 2
@@ -86,6 +98,18 @@ record() {  # record NAME STATUS NOTE
 }
 
 out_of_time() { [ $(( $(date +%s) - START )) -gt $BUDGET_S ]; }
+
+# skip_stage STAGE ROW: records ROW as SKIPPED, and succeeds, when --only leaves STAGE out or
+# the time for new stages is up
+skip_stage() {
+    if [ -n "$ONLY" ] && [[ " $ONLY " != *" $1 "* ]]; then
+        record "$2" SKIPPED "not in --only"
+    elif out_of_time; then
+        record "$2" SKIPPED "out of time"
+    else
+        return 1
+    fi
+}
 
 # run_logged LOG TIMEOUT CMD...: runs with a timeout (cut to what is left of HARD_S), all
 # output to LOG; returns the status (124 or 137 when the time ran out)
@@ -243,12 +267,12 @@ fi
 # ----------------------------------------------------------------------------
 # 3. test_gpt2cu
 
-if [ $rc_test -ne 0 ]; then
+if skip_stage tests "test_gpt2cu"; then
+    :
+elif [ $rc_test -ne 0 ]; then
     record "test_gpt2cu" SKIPPED "build failed"
 elif [ ${#CASES[@]} -eq 0 ]; then
     record "test_gpt2cu" SKIPPED "no reference cases"
-elif out_of_time; then
-    record "test_gpt2cu" SKIPPED "out of time"
 else
     run_logged "$LOGDIR/test_gpt2cu.log" 240 "$BUILD/test_gpt2cu" "${CASES[@]}" "${ZF_CASES[@]}"
     rc=$?
@@ -262,7 +286,9 @@ fi
 
 # checkpoints of the CUDA trainer (model + ZenFlow state, shared with the CPU trainer):
 # resumed runs, and SIGKILLs at random moments, must end bit for bit where a straight run ends
-if [ $rc_train -ne 0 ]; then
+if skip_stage resume "resume train_gpt2cu"; then
+    :
+elif [ $rc_train -ne 0 ]; then
     record "resume train_gpt2cu" SKIPPED "build failed"
 elif ! nvidia-smi -L >/dev/null 2>&1; then
     record "resume train_gpt2cu" SKIPPED "no CUDA device (nvidia-smi found none)"
@@ -270,8 +296,6 @@ elif [ ! -f dev/test/ref/tiny/model.bin ]; then
     record "resume train_gpt2cu" SKIPPED "no dev/test/ref/tiny"
 elif ! command -v python3 >/dev/null; then
     record "resume train_gpt2cu" SKIPPED "no python3"
-elif out_of_time; then
-    record "resume train_gpt2cu" SKIPPED "out of time"
 else
     run_logged "$LOGDIR/resume_train_gpt2cu.log" 150 python3 scripts/test_resume.py "$BUILD/train_gpt2cu" \
         dev/test/ref/tiny --kills 3
@@ -283,6 +307,7 @@ fi
 # 4. dev/cuda, one row per program
 
 for p in zenflow zenflow_host zenflow_async encoder layernorm attention gelu residual classifier adamw matmul; do
+    skip_stage devcuda "dev/cuda $p" && continue
     args=()
     if [ $p = zenflow_async ]; then  # CPU only: zenflow.h's copies landing late or early, -za gpu
         args=("${ZF_CASES[@]}")
@@ -290,10 +315,6 @@ for p in zenflow zenflow_host zenflow_async encoder layernorm attention gelu res
     fi
     if [ $rc_dev -ne 0 ] && [ ! -x "$BUILD/cuda/$p" ]; then
         record "dev/cuda $p" SKIPPED "build failed"
-        continue
-    fi
-    if out_of_time; then
-        record "dev/cuda $p" SKIPPED "out of time"
         continue
     fi
     run_logged "$LOGDIR/dev_cuda_$p.log" 120 "$BUILD/cuda/$p" "${args[@]}"
@@ -311,12 +332,12 @@ done
 
 SANITIZER=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
 for tool in memcheck racecheck; do
-    if [ -z "$SANITIZER" ]; then
+    if skip_stage sanitizer "compute-sanitizer $tool"; then
+        :
+    elif [ -z "$SANITIZER" ]; then
         record "compute-sanitizer $tool" SKIPPED "compute-sanitizer not found"
     elif [ ! -x "$BUILD/test_gpt2cu" ] || [ ! -d dev/test/ref/tiny ]; then
         record "compute-sanitizer $tool" SKIPPED "no test_gpt2cu or no tiny case"
-    elif out_of_time; then
-        record "compute-sanitizer $tool" SKIPPED "out of time"
     else
         run_logged "$LOGDIR/sanitizer_$tool.log" 90 "$SANITIZER" --tool "$tool" --error-exitcode 9 \
             "$BUILD/test_gpt2cu" dev/test/ref/tiny
@@ -347,8 +368,8 @@ fi
 bench() {  # bench NAME SLUG B TF32 (SLUG names the log file)
     local name=$1 slug=$2 B=$3 tf32=$4 T=1024 steps=12
     local log="$LOGDIR/bench_$slug.log"
+    skip_stage d12 "bench $name" && return
     if [ $rc_train -ne 0 ]; then record "bench $name" SKIPPED "build failed"; return; fi
-    if out_of_time; then record "bench $name" SKIPPED "out of time"; return; fi
     run_logged "$log" 150 "$BUILD/train_gpt2cu" -e d12 -b "$B" -t "$T" -x $steps -v 0 -s 0 -f "$tf32" \
         -i "$TRAIN" -j "$VAL" -zo adamw
     local rc=$?
@@ -379,10 +400,10 @@ bench() {  # bench NAME SLUG B TF32 (SLUG names the log file)
 # (scripts/bench_llmc.sh; llm.c's source is build/llmc_ref, which scripts/get_llmc.sh fetches
 # and the device run carries; without it this says SKIPPED)
 LLMC_BENCH_MD=""
-if [ $rc_train -ne 0 ]; then
+if skip_stage llmc "bench vs llm.c"; then
+    :
+elif [ $rc_train -ne 0 ]; then
     record "bench vs llm.c" SKIPPED "build failed"
-elif out_of_time; then
-    record "bench vs llm.c" SKIPPED "out of time"
 else
     rm -f "$BUILD/bench_llmc/results.txt"  # never a stale one from an earlier run
     run_logged "$LOGDIR/bench_llmc.log" 150 bash scripts/bench_llmc.sh --bin "$BUILD/train_gpt2cu" \
@@ -409,10 +430,10 @@ fi
 
 # ZenFlow (issue 5): the modes side by side, d12 and d48; it stops starting runs in time
 ZF_BENCH_MD=""
-if [ $rc_train -ne 0 ]; then
+if skip_stage zenflow "bench zenflow"; then
+    :
+elif [ $rc_train -ne 0 ]; then
     record "bench zenflow" SKIPPED "build failed"
-elif out_of_time; then
-    record "bench zenflow" SKIPPED "out of time"
 else
     left=$(( BUDGET_S - ($(date +%s) - START) ))
     run_logged "$LOGDIR/bench_zenflow.log" $(( left + 60 )) bash scripts/bench_zenflow.sh --quick \
@@ -443,7 +464,8 @@ fi
 # timelines for the teaching pictures (issue 6): d12, B=4, T=1024, offload and zenflow, steps
 # 4..7 traced (-tr); draw them with scripts/plot_timeline.py --trace offload=... --trace zenflow=...
 for mode in offload zenflow; do
-    if [ $rc_train -ne 0 ] || out_of_time; then record "timeline $mode" SKIPPED "build failed or out of time"; continue; fi
+    skip_stage timeline "timeline $mode" && continue
+    if [ $rc_train -ne 0 ]; then record "timeline $mode" SKIPPED "build failed"; continue; fi
     run_logged "$LOGDIR/timeline_$mode.log" 120 "$BUILD/train_gpt2cu" -e d12 -b 4 -t 1024 -x 8 -v 0 -s 0 \
         -i "$TRAIN" -j "$VAL" -zo $mode -tr "$LOGDIR/trace_d12_$mode.json" -tf 4 -tn 4
     rc=$?

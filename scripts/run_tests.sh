@@ -26,7 +26,17 @@ gpu_check_dry_run() {
         echo "FAIL: $archive has no gpu_check/summary.md equal to $out/summary.md"
         return 1
     fi
-    echo "gpu_check.sh --out: summary.md and an archive of $(tar -tzf "$archive" | grep -c -v '/$') logs"
+    # a second run on a lease runs only what the first left out: --only
+    local only="$LOG_DIR/gpu_check_only" ran
+    bash scripts/gpu_check.sh "$only" --only "resume timeline" || return 1
+    ran=$(grep -E '^\| ' "$only/summary.md" | grep -v -E 'not in --only|^\| (stage|device|build|test refs) ' \
+          | cut -d'|' -f2 | sed 's/ *$//; s/^ *//' | tr '\n' ',')
+    if [ "$ran" != "resume train_gpt2cu,timeline offload,timeline zenflow," ]; then
+        echo "FAIL: --only \"resume timeline\" ran these stages: $ran"
+        return 1
+    fi
+    echo "gpu_check.sh --out: summary.md and an archive of $(tar -tzf "$archive" | grep -c -v '/$') logs;" \
+         "--only ran just the stages asked for"
 }
 
 # run_test NAME COMMAND...: runs it, shows its output, records the verdict
