@@ -6,7 +6,7 @@
 #
 # --out: also write the two files a remote run must bring back into <dir>, summary.md and
 # gpu_check_logs.tar.gz (every log of <logdir>): the device tool returns at most 8 files from
-# its $OUT, and this script writes some 40. On a lent GPU:
+# its $OUT, and this script writes dozens of logs. On a lent GPU:
 #   bash scripts/gpu_check.sh /tmp/gpu_check --out $OUT
 # --only: run just these stages after the builds (a second run on the same lease, for what
 # the first one left SKIPPED "out of time"): tests resume devcuda sanitizer llmc zenflow
