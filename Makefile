@@ -159,10 +159,14 @@ data: deps
 # PyTorch reference outputs for the tests; regenerated when the scripts change
 REF_DIR = dev/test/ref
 refs: $(REF_DIR)/.stamp
-# the reference cases a lent GPU machine needs, in one folder under the carry limit (no vocab)
+# the reference cases a lent GPU machine needs, in one folder under the carry limit: all but
+# the 50 MB vocab case, of which only train.bin goes (gpu_check.sh makes the rest there with
+# PyTorch); COMMIT says which source it was packed from (the machine gets no .git)
 gpu_refs: refs
-	rm -rf build/gpu_refs && mkdir -p build/gpu_refs
+	rm -rf build/gpu_refs && mkdir -p build/gpu_refs/vocab
 	cp -r $(REF_DIR)/tiny $(REF_DIR)/zf_* build/gpu_refs/
+	cp $(REF_DIR)/vocab/train.bin build/gpu_refs/vocab/
+	(git describe --always --dirty --abbrev=7 2>/dev/null || echo "unknown (no git)") > build/gpu_refs/COMMIT
 $(REF_DIR)/.stamp: scripts/make_test_refs.sh scripts/gpt2_reference.py scripts/zenflow_reference.py
 	bash scripts/make_test_refs.sh $(REF_DIR)
 	touch $@

@@ -14,8 +14,9 @@
 #
 # 1. builds train_gpt2cu, test_gpt2cu and dev/cuda for sm_90 (in parallel, into build/gpu_check)
 # 2. finds the PyTorch reference cases (dev/test/ref/*/state.bin, and the ZenFlow cases
-#    dev/test/ref/zf_*/zenflow.txt); if there are none, tries scripts/make_test_refs.sh
-#    (needs /usr/bin/python3 with torch, often absent on GPU images)
+#    dev/test/ref/zf_*/zenflow.txt; on a lent machine they come as build/gpu_refs, from
+#    `make gpu_refs`, and the 50 MB `vocab` case is made there with PyTorch while step 1
+#    runs); if there are none, tries scripts/make_test_refs.sh (needs a python with torch)
 # 3. runs test_gpt2cu on them (TF32 off, strict fp32 tolerances, determinism; ZenFlow in
 #    every mode and both transports against the reference, its exact invariants), and
 #    scripts/test_resume.py on train_gpt2cu (checkpoints, resume, SIGKILLs)
@@ -99,10 +100,11 @@ record() {  # record NAME STATUS NOTE
 
 out_of_time() { [ $(( $(date +%s) - START )) -gt $BUDGET_S ]; }
 
+in_only() { [ -z "$ONLY" ] || [[ " $ONLY " == *" $1 "* ]]; }  # in_only STAGE: not left out by --only
 # skip_stage STAGE ROW: records ROW as SKIPPED, and succeeds, when --only leaves STAGE out or
 # the time for new stages is up
 skip_stage() {
-    if [ -n "$ONLY" ] && [[ " $ONLY " != *" $1 "* ]]; then
+    if ! in_only "$1"; then
         record "$2" SKIPPED "not in --only"
     elif out_of_time; then
         record "$2" SKIPPED "out of time"
@@ -143,6 +145,8 @@ timeout_note() {  # a note for a status
     echo "date: $(date -u '+%Y-%m-%d %H:%M:%S UTC')"
     if commit=$(git rev-parse --short HEAD 2>/dev/null); then
         git diff --quiet HEAD 2>/dev/null || commit="$commit (+ uncommitted changes)"
+    elif [ -f build/gpu_refs/COMMIT ]; then  # a lent machine gets the tree without .git
+        commit="$(cat build/gpu_refs/COMMIT) (no git here: build/gpu_refs/COMMIT, written by make gpu_refs)"
     else
         commit="unknown (no git here)"
     fi
@@ -158,6 +162,36 @@ timeout_note() {  # a note for a status
 DEVICE=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
 DEVICE=${DEVICE:-"no GPU found by nvidia-smi"}
 record "device" INFO "$DEVICE"
+
+# ----------------------------------------------------------------------------
+# the reference cases a lent machine got: `make gpu_refs` packs every case into build/gpu_refs,
+# which fits the device tool's carry limit as one path, but of the 50 MB `vocab` case (GPT-2's
+# real vocabulary) only its train.bin; the rest of it is made here with PyTorch (some 15 s of
+# one core), while the builds run
+REFS=${GPU_CHECK_REFS:-dev/test/ref}  # make test points this elsewhere
+if [ -d build/gpu_refs ] && [ ! -e "$REFS/tiny" ]; then
+    mkdir -p "$REFS" && cp -r build/gpu_refs/. "$REFS/"
+fi
+# torch_python: prints the first of $PYTHON (default /usr/bin/python3) and python3 that has
+# torch and numpy (GPU images often have torch only in the python3 on the PATH)
+torch_python() {
+    local candidate
+    for candidate in "${PYTHON:-/usr/bin/python3}" python3; do
+        "$candidate" -c "import torch, numpy" >/dev/null 2>&1 && { echo "$candidate"; return 0; }
+    done
+    return 1
+}
+vocab_pid=""
+vocab_note=""
+if [ -f "$REFS/vocab/train.bin" ] && [ ! -f "$REFS/vocab/case.txt" ] && in_only tests; then
+    if vocab_py=$(torch_python); then
+        PYTHON=$vocab_py run_logged "$LOGDIR/make_vocab_case.log" 150 \
+            bash scripts/make_test_refs.sh "$REFS" --only vocab &
+        vocab_pid=$!
+    else
+        vocab_note="no python with torch+numpy here to make it"
+    fi
+fi
 
 # ----------------------------------------------------------------------------
 # 1. builds, in parallel
@@ -212,17 +246,20 @@ record "build dev/cuda" "$(status_word $rc_dev)" "$(timeout_note $rc_dev)"
 # 2. reference cases: directories with state.bin and case.txt (the ZenFlow cases have no
 #    state.bin and belong to another test)
 
-# the cases a lent machine got: `make gpu_refs` packs every case but the 50 MB `vocab` one
-# into build/gpu_refs, which fits the device tool's carry limit as one path
-if [ -d build/gpu_refs ] && [ ! -e dev/test/ref/tiny ]; then
-    mkdir -p dev/test/ref && cp -r build/gpu_refs/. dev/test/ref/
+if [ -n "$vocab_pid" ]; then
+    wait $vocab_pid
+    rc=$?
+    record "test refs vocab" "$(status_word $rc)" \
+        "made here: $(head -1 "$REFS/vocab/losses.txt" 2>/dev/null | grep -o 'torch=[^ ]*') $(timeout_note $rc)"
+elif [ -n "$vocab_note" ]; then
+    record "test refs vocab" SKIPPED "$vocab_note"
 fi
 
 find_cases() {
     CASES=()
     ZF_CASES=()  # ZenFlow cases: zenflow.txt and selections.txt instead of state.bin
     local d
-    for d in dev/test/ref/*/; do
+    for d in "$REFS"/*/; do
         d=${d%/}
         if [ -f "$d/state.bin" ] && [ -f "$d/case.txt" ] && [ -f "$d/model.bin" ] && [ -f "$d/train.bin" ] \
            && [ -f "$d/losses.txt" ]; then
@@ -235,25 +272,16 @@ find_cases() {
 }
 find_cases
 if [ ${#CASES[@]} -gt 0 ]; then
-    record "test refs" PASS "shipped: ${CASES[*]} ${ZF_CASES[*]:-(no zenflow cases)}"
+    record "test refs" PASS "found: ${CASES[*]} ${ZF_CASES[*]:-(no zenflow cases)}"
 elif out_of_time; then
     record "test refs" SKIPPED "out of time"
 elif [ ! -f scripts/make_test_refs.sh ]; then
-    record "test refs" FAIL "none in dev/test/ref and no scripts/make_test_refs.sh"
+    record "test refs" FAIL "none in $REFS and no scripts/make_test_refs.sh"
 else
-    # make_test_refs.sh wants $PYTHON with torch and numpy (default /usr/bin/python3); GPU
-    # images often have torch only in the python3 on the PATH
-    PY=""
-    for candidate in "${PYTHON:-/usr/bin/python3}" python3; do
-        if "$candidate" -c "import torch, numpy" >>"$LOGDIR/make_test_refs.log" 2>&1; then
-            PY=$candidate
-            break
-        fi
-    done
-    if [ -z "$PY" ]; then
+    if ! PY=$(torch_python); then
         record "test refs" FAIL "none shipped and no python with torch+numpy here (hint: make gpu_refs here, and carry build/gpu_refs)"
     else
-        PYTHON=$PY run_logged "$LOGDIR/make_test_refs.log" 150 bash scripts/make_test_refs.sh
+        PYTHON=$PY run_logged "$LOGDIR/make_test_refs.log" 150 bash scripts/make_test_refs.sh "$REFS"
         rc=$?
         find_cases
         if [ $rc -eq 0 ] && [ ${#CASES[@]} -gt 0 ]; then
@@ -292,13 +320,13 @@ elif [ $rc_train -ne 0 ]; then
     record "resume train_gpt2cu" SKIPPED "build failed"
 elif ! nvidia-smi -L >/dev/null 2>&1; then
     record "resume train_gpt2cu" SKIPPED "no CUDA device (nvidia-smi found none)"
-elif [ ! -f dev/test/ref/tiny/model.bin ]; then
-    record "resume train_gpt2cu" SKIPPED "no dev/test/ref/tiny"
+elif [ ! -f "$REFS/tiny/model.bin" ]; then
+    record "resume train_gpt2cu" SKIPPED "no $REFS/tiny"
 elif ! command -v python3 >/dev/null; then
     record "resume train_gpt2cu" SKIPPED "no python3"
 else
     run_logged "$LOGDIR/resume_train_gpt2cu.log" 150 python3 scripts/test_resume.py "$BUILD/train_gpt2cu" \
-        dev/test/ref/tiny --kills 3
+        "$REFS/tiny" --kills 3
     rc=$?
     record "resume train_gpt2cu" "$(status_word $rc)" "$(tail -1 "$LOGDIR/resume_train_gpt2cu.log") $(timeout_note $rc)"
 fi
@@ -336,11 +364,11 @@ for tool in memcheck racecheck; do
         :
     elif [ -z "$SANITIZER" ]; then
         record "compute-sanitizer $tool" SKIPPED "compute-sanitizer not found"
-    elif [ ! -x "$BUILD/test_gpt2cu" ] || [ ! -d dev/test/ref/tiny ]; then
+    elif [ ! -x "$BUILD/test_gpt2cu" ] || [ ! -d "$REFS/tiny" ]; then
         record "compute-sanitizer $tool" SKIPPED "no test_gpt2cu or no tiny case"
     else
         run_logged "$LOGDIR/sanitizer_$tool.log" 90 "$SANITIZER" --tool "$tool" --error-exitcode 9 \
-            "$BUILD/test_gpt2cu" dev/test/ref/tiny
+            "$BUILD/test_gpt2cu" "$REFS/tiny"
         rc=$?
         record "compute-sanitizer $tool" "$(status_word $rc)" \
             "$(grep -m1 -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$LOGDIR/sanitizer_$tool.log") $(timeout_note $rc)"

@@ -14,9 +14,22 @@ summary=()
 
 # scripts/gpu_check.sh without a device, with --out as docs/results/README.md runs it
 gpu_check_dry_run() {
-    local out="$LOG_DIR/gpu_check_out" archive
-    rm -rf "$out"
-    bash scripts/gpu_check.sh "$LOG_DIR/gpu_check" --out "$out" || return 1
+    local out="$LOG_DIR/gpu_check_out" refs="$LOG_DIR/gpu_check_refs" archive f
+    rm -rf "$out" "$refs"
+    # as on a lent machine: the reference cases from `make gpu_refs`, the vocab case made there
+    make -s gpu_refs || return 1
+    GPU_CHECK_REFS=$refs bash scripts/gpu_check.sh "$LOG_DIR/gpu_check" --out "$out" || return 1
+    if ! grep -q '^| test refs vocab  *| PASS ' "$out/summary.md"; then
+        echo "FAIL: the summary has no PASS row 'test refs vocab' (log: $LOG_DIR/gpu_check/make_vocab_case.log)"
+        return 1
+    fi
+    # the same PyTorch here: the same bits (but for losses.txt's first line, naming the paths)
+    for f in model.bin state.bin case.txt losses.txt; do
+        if ! cmp <(sed '1{/^# /d}' "$refs/vocab/$f") <(sed '1{/^# /d}' "dev/test/ref/vocab/$f"); then
+            echo "FAIL: the vocab case gpu_check.sh made, $refs/vocab/$f, differs from dev/test/ref/vocab/$f"
+            return 1
+        fi
+    done
     archive="$out/gpu_check_logs.tar.gz"
     if [ "$(ls "$out")" != "$(printf 'gpu_check_logs.tar.gz\nsummary.md')" ]; then
         echo "FAIL: --out should hold gpu_check_logs.tar.gz and summary.md, holds: $(ls "$out" | tr '\n' ' ')"
