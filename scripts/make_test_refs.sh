@@ -31,12 +31,12 @@ if [ $# -ge 1 ] && [ "$1" != --only ]; then OUT=$1; shift; fi
 if [ $# -ge 1 ]; then
     [ $# -eq 2 ] && [ "$1" = --only ] || { echo "usage: $0 [out_dir] [--only \"NAMES\"]" >&2; exit 2; }
     ONLY=$2
-    for name in $ONLY; do
-        [[ " tiny vocab zf_a zf_b zf_c zf_d zf_e zf_v zf_f zf_g " == *" $name "* ]] \
-            || { echo "make_test_refs.sh: --only: no case '$name'" >&2; exit 2; }
-    done
 fi
-wanted() { [ -z "$ONLY" ] || [[ " $ONLY " == *" $1 "* ]]; }
+CASES=" "  # every case this script knows, for checking --only's names at the end
+wanted() {
+    [[ "$CASES" == *" $1 "* ]] || CASES+="$1 "
+    [ -z "$ONLY" ] || [[ " $ONLY " == *" $1 "* ]]
+}
 # shard NAME: true if NAME's train.bin is to be written (with --only, one already there is kept)
 shard() { wanted "$1" && { [ -z "$ONLY" ] || [ ! -f "$OUT/$1/train.bin" ]; }; }
 REF="$PYTHON scripts/gpt2_reference.py"
@@ -97,3 +97,7 @@ make_zf_case zf_e tiny 12 adamw 1 1 0 0 0
 make_zf_case zf_v vocab 16 zenflow 0.1 4 8 0 1
 make_zf_case zf_f tiny 30 zenflow 0.1 0 8 0 1
 make_zf_case zf_g tiny 20 zenflow 0.05 0 6 2 0 3
+
+for name in $ONLY; do
+    [[ "$CASES" == *" $name "* ]] || { echo "make_test_refs.sh: --only: no case '$name' (cases:$CASES)" >&2; exit 2; }
+done
