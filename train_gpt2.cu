@@ -26,9 +26,13 @@ What differs from the CPU trainer, and why:
   the (B, T, Vp) probabilities are never stored. Read logits after a forward WITHOUT targets.
 - Matmuls go through cuBLASLt, TF32 by default (-f 0 for plain fp32; the test uses fp32).
 - Model kernels run on the default stream; ZenFlow's copies run on two more streams
-  (zenflow.cuh). The host waits for the loss copy at the end of a forward pass with
-  targets, at the end of each step (for the default stream only), and where ZenFlow
-  must wait for its CPU side.
+  (zenflow.cuh). The host waits for the default stream at the end of a forward pass with
+  targets (for the losses) and at the end of each step, and where ZenFlow must wait for
+  its CPU side.
+- The copy engines carry ZenFlow's transfers only. The step's own small transfers, token
+  ids in and losses out, go through mapped pinned host memory that kernels read and write
+  (zf_mapped_alloc in llmc/cuda_kernels.cuh says why: a cudaMemcpy would queue behind
+  ZenFlow's gigabytes crossing the same way).
 
 Build (see the Makefile): nvcc -O3 -fmad=false ... -lcublasLt -lcublas. -fmad=false is
 required: without it nvcc fuses multiply-adds and AdamW is no longer spec 3.1 to the bit.
@@ -88,7 +92,7 @@ static void point_parameters(ParameterTensors* p, const GPT2Config* c, float* me
 // ----------------------------------------------------------------------------
 // activations: what the forward pass keeps for the backward pass (one buffer)
 
-#define NUM_ACTIVATION_TENSORS 19
+#define NUM_ACTIVATION_TENSORS 18
 typedef struct {
     float* encoded;    // (B, T, C)
     float* ln1;        // (L, B, T, C)
@@ -108,8 +112,7 @@ typedef struct {
     float* lnf_mean;   // (B, T)
     float* lnf_rstd;   // (B, T)
     float* logits;     // (B, T, Vp)            dlogits after a forward pass with targets
-    float* losses;     // (B, T)
-} ActivationTensors;
+} ActivationTensors;  // (the losses (B, T) go straight to the host: GPT2.losses_host)
 
 static void activation_sizes(size_t sizes[NUM_ACTIVATION_TENSORS], const GPT2Config* c, int B, int T) {
     size_t L = c->num_layers, C = c->channels, NH = c->num_heads, Vp = c->padded_vocab_size;
@@ -118,8 +121,7 @@ static void activation_sizes(size_t sizes[NUM_ACTIVATION_TENSORS], const GPT2Con
         BT * C,          L * BT * C,     L * BT,     L * BT,         L * 3 * BT * C,
         L * BT * C,      L * B * NH * T * T,         L * BT * C,     L * BT * C,
         L * BT,          L * BT,         L * BT * 4 * C,             L * BT * 4 * C,
-        L * BT * C,      BT * C,         BT,         BT,             BT * Vp,
-        BT};
+        L * BT * C,      BT * C,         BT,         BT,             BT * Vp};
     memcpy(sizes, s, sizeof(s));
 }
 
@@ -128,8 +130,7 @@ static float* point_activations(ActivationTensors* a, const size_t sizes[NUM_ACT
     float** ptrs[NUM_ACTIVATION_TENSORS] = {
         &a->encoded,   &a->ln1,      &a->ln1_mean, &a->ln1_rstd,  &a->qkvr,     &a->atty,
         &a->att,       &a->residual2, &a->ln2,     &a->ln2_mean,  &a->ln2_rstd, &a->fch,
-        &a->fch_gelu,  &a->residual3, &a->lnf,     &a->lnf_mean,  &a->lnf_rstd, &a->logits,
-        &a->losses};
+        &a->fch_gelu,  &a->residual3, &a->lnf,     &a->lnf_mean,  &a->lnf_rstd, &a->logits};
     for (int i = 0; i < NUM_ACTIVATION_TENSORS; i++) {
         *ptrs[i] = memory;
         memory += sizes[i];
@@ -183,10 +184,16 @@ typedef struct {
     int batch_size, seq_len;  // what they were allocated for
     // token ids of the last forward, and the embedding-gradient buckets (encoder_backward):
     // [inputs (BT) | targets (BT) | positions (BT) | tokens (BT) | starts (BT + 1)]
-    int* ids;          // device
-    int* ids_host;     // host mirror
-    int* counts_host;  // (V) scratch of the bucketing, kept zero
-    float* losses_host;  // (B, T)
+    // They are written on the host into mapped pinned memory and a kernel copies them to
+    // the device; the losses are written by the classifier kernel straight into mapped
+    // memory. No cudaMemcpy in a step: see zf_mapped_alloc in llmc/cuda_kernels.cuh.
+    int* ids;           // device
+    int* ids_host;      // mapped pinned host memory ...
+    int* ids_mapped;    // ... and the address kernels read it at
+    cudaEvent_t ids_read;  // the copy kernel has read ids_host (it may be rewritten)
+    int* counts_host;   // (V) scratch of the bucketing, kept zero
+    float* losses_host;    // (B, T) mapped pinned host memory ...
+    float* losses_mapped;  // ... and the address the classifier writes it at
     int num_buckets;
     int B, T;          // of the last forward
     float mean_loss;   // of the last forward with targets, else -1
@@ -211,6 +218,7 @@ void gpt2_build(GPT2* model, const char* spec_or_path, uint64_t seed) {
     point_parameters(&model->params, &model->config, model->params_memory);
     point_parameters(&model->grads, &model->config, model->grads_memory);
     model->counts_host = (int*)calloc_check((size_t)model->config.vocab_size, sizeof(int));
+    cudaCheck(cudaEventCreateWithFlags(&model->ids_read, cudaEventDisableTiming | cudaEventBlockingSync));
     model->mean_loss = -1.0f;
 }
 
@@ -224,8 +232,8 @@ void gpt2_allocate(GPT2* model, int B, int T) {
     cudaCheck(cudaFree(model->acts_memory));
     cudaCheck(cudaFree(model->scratch_memory));
     cudaCheck(cudaFree(model->ids));
-    free(model->ids_host);
-    free(model->losses_host);
+    zf_free_host(model->ids_host);
+    zf_free_host(model->losses_host);
     size_t sizes[NUM_ACTIVATION_TENSORS], ssizes[NUM_SCRATCH_TENSORS];
     activation_sizes(sizes, &model->config, B, T);
     scratch_sizes(ssizes, &model->config, B, T);
@@ -237,8 +245,8 @@ void gpt2_allocate(GPT2* model, int B, int T) {
     model->scratch_memory = cuda_malloc(model->num_scratch * sizeof(float), "scratch buffers");
     size_t BT = (size_t)B * T;
     model->ids = (int*)cuda_malloc((5 * BT + 1) * sizeof(int), "token ids");
-    model->ids_host = (int*)malloc_check((5 * BT + 1) * sizeof(int));
-    model->losses_host = (float*)malloc_check(BT * sizeof(float));
+    model->ids_host = (int*)zf_mapped_alloc((5 * BT + 1) * sizeof(int), &model->ids_mapped, "token ids");
+    model->losses_host = (float*)zf_mapped_alloc(BT * sizeof(float), &model->losses_mapped, "losses");
     model->batch_size = B;
     model->seq_len = T;
 }
@@ -251,9 +259,10 @@ void gpt2_free(GPT2* model) {
     cudaCheck(cudaFree(model->acts_memory));
     cudaCheck(cudaFree(model->scratch_memory));
     cudaCheck(cudaFree(model->ids));
-    free(model->ids_host);
+    zf_free_host(model->ids_host);
+    zf_free_host(model->losses_host);
+    cudaCheck(cudaEventDestroy(model->ids_read));
     free(model->counts_host);
-    free(model->losses_host);
     memset(model, 0, sizeof(*model));
 }
 
@@ -284,7 +293,9 @@ void gpt2_forward(GPT2* model, const int* inputs, const int* targets, int B, int
     point_scratch(&model->scratch, ssizes, model->scratch_memory);
 
     // token ids to the device; for training also the positions of each token, so that the
-    // embedding gradient can add them up in a fixed order without atomics
+    // embedding gradient can add them up in a fixed order without atomics. The host buffer
+    // is the one the last forward's copy kernel read: wait until it has (long ago, in training).
+    cudaCheck(cudaEventSynchronize(model->ids_read));
     int* ids = model->ids_host;
     memcpy(ids, inputs, BT * sizeof(int));
     size_t id_count = 2 * (size_t)BT;
@@ -296,7 +307,8 @@ void gpt2_forward(GPT2* model, const int* inputs, const int* targets, int B, int
     } else {
         memset(ids + BT, 0, BT * sizeof(int));
     }
-    cudaCheck(cudaMemcpy(model->ids, ids, id_count * sizeof(int), cudaMemcpyHostToDevice));
+    copy_ints(model->ids, model->ids_mapped, id_count);
+    cudaCheck(cudaEventRecord(model->ids_read, 0));
     const int* inputs_d = model->ids;
     const int* targets_d = model->ids + BT;
 
@@ -343,8 +355,8 @@ void gpt2_forward(GPT2* model, const int* inputs, const int* targets, int B, int
     model->B = B;
     model->T = T;
     if (targets != NULL) {
-        fused_classifier(a.logits, a.losses, targets_d, 1.0f / (B * T), BT, V, Vp);
-        cudaCheck(cudaMemcpy(model->losses_host, a.losses, BT * sizeof(float), cudaMemcpyDeviceToHost));
+        fused_classifier(a.logits, model->losses_mapped, targets_d, 1.0f / (B * T), BT, V, Vp);
+        cudaCheck(cudaStreamSynchronize(0));  // the forward pass is done: losses_host holds the losses
         float sum = 0.0f;  // in row order on the host, as the CPU trainer does
         for (int i = 0; i < BT; i++) { sum += model->losses_host[i]; }
         model->mean_loss = sum / BT;

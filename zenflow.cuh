@@ -33,6 +33,11 @@ Streams and events (all copies are between pinned host buffers and device stagin
     d2h stream       staging -> host   (gradient columns every step, or A once a window)
     h2d stream       host -> staging   (the CPU's updated columns, once a window)
 
+The copy engines carry nothing else during a step: the trainer's token ids and losses and
+auto U's sums cross through mapped host memory, moved by kernels (zf_mapped_alloc in
+llmc/cuda_kernels.cuh says why). A selection, once every S steps, still copies its scores
+and column sets with cudaMemcpy.
+
 A staging buffer (ZfStaging) remembers the last kernel that used it and the last copy out
 of and into it (events); a user waits for exactly what it conflicts with. A host buffer
 remembers its last copy (ZfFence), and zenflow.h calls host_wait before the CPU touches it.
@@ -438,12 +443,12 @@ typedef struct {
     // 4.2.2 scratch
     float* scores;         // (max_cols) device
     float* score_partial;  // (COLSUM_MAX_CHUNKS, max_cols) device
-    // auto U (spec 6): per set sums of |g|, GPU-owned then CPU-owned; abs_sums copies them to
-    // abs_host and zf_cuda_abs_sums_wait hands them to zenflow.h's arrays
+    // auto U (spec 6): per set sums of |g|, GPU-owned then CPU-owned; abs_sums' last kernel
+    // writes them into mapped host memory (no copy: it would queue behind the gradients
+    // leaving, see zf_mapped_alloc) and zf_cuda_abs_sums_wait hands them to zenflow.h's arrays
     double* abs_partial;  // (most chunks either side can have) device
-    double* abs_out;      // (2 num_sets) device
-    double* abs_host;     // (2 num_sets) host, pinned if abs_pinned
-    int abs_pinned;
+    double* abs_host;     // (2 num_sets) mapped pinned host memory ...
+    double* abs_mapped;   // ... and the address the kernel writes it at
     double *abs_sel, *abs_cpu;  // where the last abs_sums call wants them (abs_cpu may be NULL)
     cudaEvent_t abs_done;
     // transfers (spec 7)
@@ -685,12 +690,11 @@ static void zf_cuda_abs_sums(void* ctx, const ZenFlow* zf, double* sel, double* 
                                                                      dev->order);
             cudaCheck(cudaGetLastError());
         }
-        zf_abs_sum_finalize_kernel<<<n, ZF_BLOCK>>>(dev->abs_out + side * n, dev->abs_partial, chunks);
+        zf_abs_sum_finalize_kernel<<<n, ZF_BLOCK>>>(dev->abs_mapped + side * n, dev->abs_partial, chunks);
         cudaCheck(cudaGetLastError());
     }
     gpu_trace_end(span, 0, TRACE_COMPUTE, "auto U sums");
-    cudaCheck(cudaMemcpyAsync(dev->abs_host, dev->abs_out, 2 * n * sizeof(double), cudaMemcpyDeviceToHost, 0));
-    cudaCheck(cudaEventRecord(dev->abs_done, 0));
+    cudaCheck(cudaEventRecord(dev->abs_done, 0));  // the sums are in abs_host
     dev->abs_sel = sel;
     dev->abs_cpu = cpu;
 }
@@ -942,10 +946,7 @@ static void zenflow_cuda_init(ZenFlow* zf, ZfCudaDevice* dev, float* params, flo
     if (c->update_interval == ZF_AUTO) {  // spec 6's sums: chunks of either side, at most
         size_t most = (zf->gpu_capacity > zf->cpu_capacity ? zf->gpu_capacity : zf->cpu_capacity) / ZF_CHUNK + n;
         dev->abs_partial = (double*)cuda_malloc(most * sizeof(double), "ZenFlow auto U sums");
-        dev->abs_out = (double*)cuda_malloc(2 * n * sizeof(double), "ZenFlow auto U sums");
-        dev->abs_host = (double*)calloc_check(2 * n, sizeof(double));
-        dev->abs_pinned = cudaHostRegister(dev->abs_host, 2 * n * sizeof(double), cudaHostRegisterDefault) == cudaSuccess;
-        if (!dev->abs_pinned) { cudaGetLastError(); }  // a pageable buffer: the copy is just not asynchronous
+        dev->abs_host = (double*)zf_mapped_alloc(2 * n * sizeof(double), &dev->abs_mapped, "ZenFlow auto U sums");
     }
     cudaCheck(cudaEventCreateWithFlags(&dev->abs_done, ZF_WAITED_EVENT));
     dev->score_partial = cuda_malloc((size_t)COLSUM_MAX_CHUNKS * dev->max_cols * sizeof(float),
@@ -999,12 +1000,12 @@ static void zenflow_cuda_free(ZenFlow* zf, ZfCudaDevice* dev) {
         cudaCheck(cudaEventDestroy(dev->stall_end[i]));
     }
     cudaCheck(cudaEventDestroy(dev->abs_done));
-    if (dev->abs_pinned) { cudaCheck(cudaHostUnregister(dev->abs_host)); }
+    zf_free_host(dev->abs_host);
     void* device_bufs[] = {dev->cpu_sets, dev->gpu_sets, dev->cpu_tiles, dev->gpu_chunks, dev->cpu_chunks, dev->order,
-                           dev->m, dev->v, dev->scores, dev->score_partial, dev->abs_partial, dev->abs_out};
+                           dev->m, dev->v, dev->scores, dev->score_partial, dev->abs_partial};
     for (void* p : device_bufs) { cudaCheck(cudaFree(p)); }
     void* host_bufs[] = {dev->h_cpu_sets, dev->h_gpu_sets, dev->h_cpu_tiles, dev->h_gpu_chunks, dev->h_cpu_chunks,
-                         dev->h_order, dev->host_moments, dev->abs_host};
+                         dev->h_order, dev->host_moments};
     for (void* p : host_bufs) { free(p); }
     memset(dev, 0, sizeof(*dev));
 }

@@ -74,6 +74,31 @@ static inline float* zf_cuda_malloc_(size_t bytes, const char* what, const char*
 }
 #define cuda_malloc(bytes, what) zf_cuda_malloc_(bytes, what, __FILE__, __LINE__)
 
+// Small transfers inside a training step (token ids in, losses out) use MAPPED pinned host
+// memory, which kernels read and write themselves over PCIe. Why not cudaMemcpy: a copy runs
+// on the copy engine of its direction, and by default the driver gives each direction one
+// engine, on which copies from every stream run one after another (NVIDIA's description).
+// A 64 KB copy issued while ZenFlow moves gigabytes the same way would wait for all of them
+// and hold up the default stream; a kernel's own loads and stores queue behind no copy.
+// dev/cuda/copy_engines.cu measures both on the GPU at hand.
+// Returns the host pointer; *device is the address kernels use (the same one, with UVA).
+static inline void* zf_mapped_alloc_(size_t bytes, void** device, const char* what, const char* file, int line) {
+    void* host = NULL;
+    cudaError_t err = cudaHostAlloc(&host, bytes, cudaHostAllocMapped);
+    if (err == cudaSuccess) { err = cudaHostGetDevicePointer(device, host, 0); }
+    if (err != cudaSuccess) {
+        zf_fail("could not allocate %.1f KiB of mapped pinned host memory for %s (%s) at %s:%d (hint: the "
+                "GPU must support mapped host memory; check `ulimit -l`)",
+                bytes / 1024.0, what, cudaGetErrorString(err), file, line);
+    }
+    return host;
+}
+#define zf_mapped_alloc(bytes, device, what) zf_mapped_alloc_(bytes, (void**)(device), what, __FILE__, __LINE__)
+
+static inline void zf_free_host(void* host) {
+    if (host != NULL) { cudaCheck(cudaFreeHost(host)); }
+}
+
 // 1 if a CUDA device can be used; else 0 and the reason in `reason`
 static inline int zf_cuda_device_available(char* reason, size_t size) {
     int count = 0;
@@ -206,6 +231,19 @@ static inline void encoder_forward(float* out, const int* inp, const float* wte,
                                    int B, int T, int C) {
     const int block = 256;
     encoder_forward_kernel<<<ceil_div((size_t)B * T * C, block), block>>>(out, inp, wte, wpe, B, T, C);
+    cudaCheck(cudaGetLastError());
+}
+
+// dst[i] = src[i]; with src in mapped host memory (zf_mapped_alloc) it is an upload that
+// needs no copy engine: each warp reads 128 contiguous bytes over PCIe
+__global__ void copy_ints_kernel(int* __restrict__ dst, const int* __restrict__ src, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) { dst[i] = src[i]; }
+}
+
+static inline void copy_ints(int* dst, const int* src, size_t n) {
+    const int block = 256;
+    copy_ints_kernel<<<ceil_div(n, block), block>>>(dst, src, n);
     cudaCheck(cudaGetLastError());
 }
 

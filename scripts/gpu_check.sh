@@ -216,7 +216,7 @@ build_dev_cuda() {  # with dev/cuda/Makefile, or nvcc directly where there is no
     else
         mkdir -p "$BUILD/cuda"
         local p pids=() rc=0
-        for p in encoder layernorm attention gelu residual classifier adamw matmul; do
+        for p in encoder layernorm attention gelu residual classifier adamw matmul copy_engines; do
             "$NVCC" $NVCCFLAGS "dev/cuda/$p.cu" -o "$BUILD/cuda/$p" $LIBS &
             pids+=($!)
         done
@@ -337,7 +337,7 @@ fi
 # ----------------------------------------------------------------------------
 # 4. dev/cuda, one row per program
 
-for p in zenflow zenflow_host zenflow_async encoder layernorm attention gelu residual classifier adamw matmul; do
+for p in copy_engines zenflow zenflow_host zenflow_async encoder layernorm attention gelu residual classifier adamw matmul; do
     skip_stage devcuda "dev/cuda $p" && continue
     args=()
     limit=60

@@ -15,8 +15,10 @@ by dev/cuda/emu/cu2cpp.py, line for line). What it checks that a compile cannot:
     __syncthreads() or a full-mask shuffle that some threads of the block/warp skip
     (an early return before a reduction): each stops the program with one line;
   - pointers: a kernel's pointer argument, and both ends of every cudaMemcpy/cudaMemset,
-    must lie in a live allocation of the right side (device or host); device memory starts
-    as NaN (0xFF bytes), so reading what nobody wrote shows up in the numbers;
+    must lie in a live allocation of the right side (device or host; a kernel may also use
+    host memory from cudaHostAlloc(..., cudaHostAllocMapped)); device memory and
+    cudaHostAlloc's start as NaN (0xFF bytes), so reading what nobody wrote shows up in the
+    numbers;
   - stream order: EMU_SCHEDULE chooses when queued work runs:
       eager        each operation runs when the host issues it;
       lazy         nothing runs until the host waits for it (an event or stream sync, a
@@ -494,6 +496,8 @@ typedef enum { cudaDevAttrL2CacheSize = 89 } cudaDeviceAttr;
 #define cudaEventBlockingSync 0x01  // (a real host thread sleeps instead of spinning; here: nothing)
 #define cudaEventDisableTiming 0x02
 #define cudaHostRegisterDefault 0x00
+#define cudaHostAllocDefault 0x00
+#define cudaHostAllocMapped 0x02
 #define cudaDeviceScheduleBlockingSync 0x04
 
 typedef struct {
@@ -542,7 +546,9 @@ typedef EmuEvent* cudaEvent_t;
 typedef struct {
     std::recursive_mutex mu;     // every API call: the host may call from several threads
     std::map<uintptr_t, size_t> device;  // allocations: start -> bytes
-    std::map<uintptr_t, size_t> pinned;  // cudaHostRegister'ed ranges
+    std::map<uintptr_t, size_t> pinned;  // cudaHostRegister'ed ranges and cudaHostAlloc'ed ones
+    std::map<uintptr_t, size_t> host_alloc;  // cudaHostAlloc'ed ranges ...
+    std::map<uintptr_t, size_t> mapped;      // ... of which kernels may use these (cudaHostAllocMapped)
     size_t device_bytes, device_limit;
     EmuStream default_stream;
     std::vector<EmuStream*> streams;
@@ -691,6 +697,36 @@ static inline cudaError_t cudaHostUnregister(void* p) {
     EMU_LOCK;
     emu_force_all();
     if (emu_rt().pinned.erase((uintptr_t)p) != 1) { emu_die("cudaHostUnregister(%p): not registered", p); }
+    return cudaSuccess;
+}
+
+// pinned host memory; with cudaHostAllocMapped kernels may read and write it too, at the same
+// address (as with UVA on a GPU). Starts as NaN like device memory: what nobody wrote shows.
+static inline cudaError_t cudaHostAlloc(void** ptr, size_t bytes, unsigned int flags) {
+    EMU_LOCK;
+    *ptr = NULL;
+    void* p = NULL;
+    if (posix_memalign(&p, 256, bytes ? bytes : 1) != 0) { return emu_error(cudaErrorMemoryAllocation); }
+    memset(p, 0xFF, bytes);
+    emu_rt().pinned[(uintptr_t)p] = bytes;
+    emu_rt().host_alloc[(uintptr_t)p] = bytes;
+    if (flags & cudaHostAllocMapped) { emu_rt().mapped[(uintptr_t)p] = bytes; }
+    *ptr = p;
+    return cudaSuccess;
+}
+static inline cudaError_t cudaHostGetDevicePointer(void** device, void* host, unsigned int flags) {
+    EMU_LOCK;
+    if (flags != 0 || !emu_in(emu_rt().mapped, host, 0)) { return emu_error(cudaErrorInvalidValue); }
+    *device = host;
+    return cudaSuccess;
+}
+static inline cudaError_t cudaFreeHost(void* p) {
+    EMU_LOCK;
+    emu_force_all();  // as cudaFree
+    if (emu_rt().host_alloc.erase((uintptr_t)p) != 1) { emu_die("cudaFreeHost(%p): not from cudaHostAlloc", p); }
+    emu_rt().pinned.erase((uintptr_t)p);
+    emu_rt().mapped.erase((uintptr_t)p);
+    free(p);
     return cudaSuccess;
 }
 
@@ -1015,11 +1051,12 @@ static inline EmuConfig emu_config(dim3 grid, dim3 block, size_t shared_bytes = 
     return c;
 }
 
-// a pointer argument must point into device memory (or be NULL)
+// a pointer argument must point into device memory or mapped host memory (or be NULL)
 template <typename T>
 static inline void emu_check_arg(T* p, const char* kernel, int index) {
-    if (p != NULL && !emu_in(emu_rt().device, p, 0)) {
-        emu_die("%s: argument %d (%p) does not point into device memory", kernel, index, (const void*)p);
+    if (p != NULL && !emu_in(emu_rt().device, p, 0) && !emu_in(emu_rt().mapped, p, 0)) {
+        emu_die("%s: argument %d (%p) does not point into device memory (nor mapped host memory)", kernel, index,
+                (const void*)p);
     }
 }
 template <typename T>
