@@ -242,6 +242,7 @@ __global__ void copy_ints_kernel(int* __restrict__ dst, const int* __restrict__ 
 }
 
 static inline void copy_ints(int* dst, const int* src, size_t n) {
+    if (n == 0) { return; }  // (a grid of 0 blocks is a launch error)
     const int block = 256;
     copy_ints_kernel<<<ceil_div(n, block), block>>>(dst, src, n);
     cudaCheck(cudaGetLastError());
