@@ -583,6 +583,7 @@ int main(int argc, char* argv[]) {
     dataloader_init(&val_loader, val_pattern, B, T, cfg->vocab_size);
     Tokenizer tokenizer;
     tokenizer_init(&tokenizer, tokenizer_path);
+    tokenizer_match_model(&tokenizer, tokenizer_path, cfg->vocab_size);
 
     ZenFlow zf;
     ZfCudaDevice device;

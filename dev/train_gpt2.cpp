@@ -1000,6 +1000,7 @@ int main(int argc, char* argv[]) {
     dataloader_init(&val_loader, val_pattern, B, T, cfg->vocab_size);
     Tokenizer tokenizer;
     tokenizer_init(&tokenizer, tokenizer_path);
+    tokenizer_match_model(&tokenizer, tokenizer_path, cfg->vocab_size);
 
     FILE* logfile = NULL;
     if (output_dir != NULL) {

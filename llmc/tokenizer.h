@@ -86,6 +86,19 @@ static inline void tokenizer_free(Tokenizer* tok) {
         for (int i = 0; i < tok->vocab_size; i++) { free(tok->token_table[i]); }
         free(tok->token_table);
     }
+    tok->init_ok = 0;
+}
+
+// A tokenizer of another vocabulary does not belong to the model (GPT-2's, found at the
+// default path, beside a model of 97 tokens): its ids would decode to the wrong text, and its
+// <|endoftext|> may lie past the model's vocabulary, which would stop the run at its first
+// sample, before the last checkpoint. Such a tokenizer is put aside: samples print token ids.
+static inline void tokenizer_match_model(Tokenizer* tok, const char* path, int model_vocab) {
+    if (!tok->init_ok || tok->vocab_size == model_vocab) { return; }
+    printf("note: tokenizer %s has %d tokens, the model %d: samples will be printed as token ids "
+           "(hint: -k names the tokenizer the training data was encoded with)\n",
+           path, tok->vocab_size, model_vocab);
+    tokenizer_free(tok);
 }
 
 #endif  // LLMC_TOKENIZER_H

@@ -1,0 +1,185 @@
+#!/usr/bin/env python3
+"""
+The text a trainer generates (-s, -g) must be what its model predicts at that step, drawn
+with the trainer's generator. Checked against PyTorch (scripts/gpt2_reference.py):
+
+    /usr/bin/python3 scripts/test_sampling.py <trainer> <case dir>
+
+For each mode the trainer trains the case for 4 steps, samples after steps 2 and 4 (-s 2)
+and writes a checkpoint at the same steps (-n 2), so the model files hold the parameters it
+sampled with. For each sample PyTorch computes the next-token probabilities of the same
+prefix from that file, and the same xorshift* generator (llmc/utils.h, seeded from -r as the
+trainers seed it), continued from one sample to the next, draws from them through the same
+fp32 cumulative sum (sample_mult); the ids must be equal. -g 40 asks for more than the
+case's maxT (32) allows: the trainer stops after maxT - 1 tokens. Then a run resumed from the
+step-2 checkpoint must draw the same step-4 sample (the generator's state travels in the
+state file).
+
+Each mode meets one of the three tokenizers a run can have (-k), written here:
+  adamw    the model's own (97 tokens, token i spelled "<i>", <|endoftext|> = 42): the
+           samples start from 42 and print through the table;
+  offload  one of another vocabulary (5 tokens, as GPT-2's is beside a tiny model): put
+           aside with a note, samples print ids and start from the model's last id;
+  zenflow  none (the file is missing): the same, with the other note.
+
+Equality, not a tolerance: the draw can differ only where a coin falls between PyTorch's cdf
+and the trainer's, which differ by about 1e-7. The test prints the smallest distance of a
+coin to a step of the cdf; a mismatch with a distance under 1e-6 is called rounding in the
+message (it would still fail: it means the case should change, not the tolerance).
+Prints one line per check and `sampling: N passed, M failed`.
+"""
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import gpt2_reference as ref  # noqa: E402
+
+STEPS, EVERY, GEN, SEED = 4, 2, 40, 1337
+MODES = {
+    "adamw": ["-zo", "adamw"],
+    "offload": ["-zo", "offload"],
+    "zenflow": ["-zo", "zenflow", "-zk", "0.2", "-zu", "3", "-zs", "6", "-zv", "1"],
+}
+# mode -> (tokenizer's vocabulary or None for no file, its <|endoftext|>, the note the run prints)
+TOKENIZERS = {
+    "adamw": (97, 42, None),
+    "offload": (5, 4, "has 5 tokens, the model 97: samples will be printed as token ids"),
+    "zenflow": (None, None, "not found, samples will be printed as token ids"),
+}
+MASK64 = (1 << 64) - 1
+
+
+class Rng:
+    """llmc/utils.h's zf_random_u32 / zf_random_f32 (xorshift*), state seeded as the trainers do"""
+
+    def __init__(self, seed):
+        self.state = (seed * 0x9E3779B97F4A7C15 + 7) & MASK64
+
+    def f32(self):
+        s = self.state
+        s ^= s >> 12
+        s ^= (s << 25) & MASK64
+        s ^= s >> 27
+        self.state = s
+        u32 = ((s * 0x2545F4914F6CDD1D) & MASK64) >> 32
+        return np.float32((u32 >> 8) / 16777216.0)
+
+
+def reference_sample(model, rng, eot, n_tokens):
+    """(ids, smallest |coin - cdf step|): n_tokens draws after eot, as the trainers' gpt2_sample"""
+    V = model.config.vocab_size
+    tokens, margin = [eot], 1.0
+    with torch.no_grad():
+        for _ in range(n_tokens):
+            logits, _ = model(torch.tensor([tokens], dtype=torch.long))
+            probs = torch.softmax(logits[0, -1].double(), dim=0).numpy().astype(np.float32)
+            cdf = np.cumsum(probs, dtype=np.float32)  # sequential fp32 sums, as sample_mult adds
+            coin = rng.f32()
+            hits = np.nonzero(coin < cdf)[0]
+            idx = int(hits[0]) if len(hits) else V - 1
+            margin = min(margin, float(cdf[idx] - coin) if len(hits) else 1.0)
+            if idx > 0:
+                margin = min(margin, float(coin - cdf[idx - 1]))
+            tokens.append(idx)
+    return tokens[1:], margin
+
+
+def write_tokenizer(path, vocab, eot):
+    """a tokenizer file (llmc/tokenizer.h) whose token i is spelled <i>"""
+    with open(path, "wb") as f:
+        f.write(ref.make_header(20240328, 2, vocab, eot).tobytes())
+        for i in range(vocab):
+            piece = f"<{i}>".encode()
+            f.write(bytes([len(piece)]) + piece)
+
+
+def trainer_samples(output):
+    """the token ids of each `generating:` block, in order"""
+    blocks = re.findall(r"^generating:\n---\n(.*?)\n---$", output, re.M | re.S)
+    return [[int(i) for i in re.findall(r"<(\d+)>", b)] for b in blocks]
+
+
+def run(argv):
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=900)
+    if result.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)} exited {result.returncode}: "
+                           f"{(result.stderr.strip().splitlines() or ['(no output)'])[-1]}")
+    return result.stdout
+
+
+def main():
+    if len(sys.argv) != 3:
+        sys.exit("usage: test_sampling.py <trainer> <case dir>")
+    trainer, case = sys.argv[1], sys.argv[2]
+    ref.setup_torch()
+    passed = failed = 0
+
+    def check(ok, what):
+        nonlocal passed, failed
+        print(f"{'ok  ' if ok else 'FAIL'} {what}")
+        passed, failed = passed + ok, failed + (not ok)
+
+    for mode, flags in MODES.items():
+        with tempfile.TemporaryDirectory(prefix="zf_sampling_") as tmp:
+            out, resumed = os.path.join(tmp, "run"), os.path.join(tmp, "resumed")
+            tok_vocab, tok_eot, note = TOKENIZERS[mode]
+            tok_path = os.path.join(tmp, "tokenizer.bin")
+            if tok_vocab is not None:
+                write_tokenizer(tok_path, tok_vocab, tok_eot)
+            base = [trainer, "-e", f"{case}/model.bin", "-i", f"{case}/train.bin", "-j", f"{case}/train.bin",
+                    "-b", "4", "-t", "16", "-x", str(STEPS), "-v", "0", "-s", str(EVERY), "-g", str(GEN),
+                    "-r", str(SEED), "-l", "1e-3", "-c", "0.1", "-n", str(EVERY), "-k", tok_path] + flags
+            try:
+                output = run(base + ["-o", out])
+            except (RuntimeError, subprocess.TimeoutExpired) as e:
+                check(False, f"{mode}: {e}")
+                continue
+            samples = trainer_samples(output)
+            config = ref.read_model(f"{case}/model.bin").config
+            n_tokens = min(GEN + 1, config.max_seq_len) - 1
+            # the model's own tokenizer gives <|endoftext|>; without one the trainers take the last id
+            eot = tok_eot if note is None else config.vocab_size - 1
+            notes = [line for line in output.splitlines() if line.startswith("note: tokenizer")]
+            if note is None:
+                check(notes == [], f"{mode}: the model's own tokenizer, no note (got: {notes})")
+            else:
+                check(len(notes) == 1 and note in notes[0], f"{mode}: the note '...{note}' (got: {notes})")
+            check(len(samples) == STEPS // EVERY and all(len(s) == n_tokens for s in samples),
+                  f"{mode}: {len(samples)} samples of {[len(s) for s in samples]} tokens "
+                  f"(want {STEPS // EVERY} of {n_tokens}: -g {GEN} stops at maxT {config.max_seq_len})")
+            if len(samples) != STEPS // EVERY:
+                continue
+            rng = Rng(SEED)
+            for k, got in enumerate(samples):
+                step = (k + 1) * EVERY
+                model = ref.read_model(os.path.join(out, f"model_{step:08d}.bin"))
+                want, margin = reference_sample(model, rng, eot, n_tokens)
+                same = got == want
+                why = "" if same or margin >= 1e-6 else " (a coin within 1e-6 of a cdf step: rounding)"
+                check(same, f"{mode}: step {step} sample equals PyTorch's draws "
+                            f"(closest coin to a cdf step: {margin:.2e}){why}"
+                            + ("" if same else f"\n     trainer {got}\n     pytorch {want}"))
+            # resume from step 2: the state file carries the generator, so step 4 draws the same
+            os.makedirs(resumed)
+            for name in (f"model_{EVERY:08d}.bin", f"state_{EVERY:08d}.bin"):
+                shutil.copy(os.path.join(out, name), resumed)
+            try:
+                again = trainer_samples(run(base + ["-o", resumed, "-y", "1"]))
+            except (RuntimeError, subprocess.TimeoutExpired) as e:
+                check(False, f"{mode} resumed: {e}")
+                continue
+            check(again == samples[1:], f"{mode}: resumed from step {EVERY}, the step-{STEPS} sample is the same")
+
+    print(f"sampling: {passed} passed, {failed} failed")
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
