@@ -36,8 +36,8 @@ Suites (what "the tests named" means), each a subset of make test:
   pcie   scripts/test_pcie_bytes.py (every mode's counted copy bytes against the shapes, the
          optimizer memory, the stall's bookkeeping)
   bad    scripts/test_bad_input.py with the CPU trainer (broken files and flags)
-  sampling scripts/test_sampling.py with the CPU trainer and the CUDA trainer on the emulator
-         (the generated tokens against PyTorch's draws, the tokenizer a run keeps, resume)
+  eval   scripts/test_eval.py with the CPU trainer and the CUDA trainer on the emulator (the
+         val loss and the generated tokens against PyTorch, the tokenizer a run keeps, resume)
   race   scripts/test_races.sh: the CUDA test (tiny) and trainer (offload, zenflow) built with
          ThreadSanitizer on the emulator, schedule eager (no number depends on a missing wait
          there): fails on any race TSan sees between warps, blocks, streams and host threads
@@ -69,9 +69,9 @@ SUITES = {
                 [f"env EMU_SCHEDULE=eager EMU_REVERSE=1 ./build/emu/test_gpt2cu {REFS}/tiny {REFS}/zf_a"]),
     "pcie": (["build/emu/train_gpt2cu"], [f"{PY} scripts/test_pcie_bytes.py build/emu/train_gpt2cu --emulated-gpu"]),
     "bad": (["train_gpt2cpu"], [f"{PY} scripts/test_bad_input.py ./train_gpt2cpu"]),
-    "sampling": (["train_gpt2cpu", "build/emu/train_gpt2cu"],
-                 [f"{PY} scripts/test_sampling.py ./train_gpt2cpu {REFS}/tiny",
-                  f"{PY} scripts/test_sampling.py build/emu/train_gpt2cu {REFS}/tiny"]),
+    "eval": (["train_gpt2cpu", "build/emu/train_gpt2cu"],
+             [f"{PY} scripts/test_eval.py ./train_gpt2cpu {REFS}/tiny",
+              f"{PY} scripts/test_eval.py build/emu/train_gpt2cu {REFS}/tiny"]),
     "race": (["build/emu/test_gpt2cu_tsan", "build/emu/train_gpt2cu_tsan"], ["bash scripts/test_races.sh"]),
 }
 
@@ -205,14 +205,19 @@ MUTANTS = [
      "a token id equal to the vocabulary size is accepted", ["bad"]),
     ("B2", "llmc/dataloader.h", "    if ((size_t)n < need) {", "    if ((size_t)n + 1 < need) {",
      "a shard of exactly B*T tokens is accepted (the last target is past its end)", ["bad"]),
-    # --- sampling (-s, -g)
+    # --- evaluation (-v, -m) and sampling (-s, -g)
+    ("V1", "llmc/dataloader.h", "    if (loader->shard_index != 0) { dataloader_load_shard(loader, 0); }\n", "",
+     "the val loss restarts in the shard where the last evaluation stopped", ["eval"]),
+    ("V2", "llmc/dataloader.h", "    if (loader->position + BT + 1 > loader->num_tokens) {",
+     "    if (loader->position + BT + 1 >= loader->num_tokens) {",
+     "a shard's last full batch is skipped (it ends at the shard's last token)", ["eval"]),
     ("S1", "llmc/tokenizer.h", "    if (!tok->init_ok || tok->vocab_size == model_vocab) { return; }",
      "    if (1) { return; }",
-     "a tokenizer of another vocabulary is kept (its <|endoftext|> starts the samples)", ["sampling"]),
+     "a tokenizer of another vocabulary is kept (its <|endoftext|> starts the samples)", ["eval"]),
     ("S2", "train_gpt2.cu", "model->acts.logits + (size_t)(t - 1) * Vp", "model->acts.logits + (size_t)t * Vp",
-     "the GPU trainer samples from the row after the prefix's last (stale logits)", ["sampling"]),
+     "the GPU trainer samples from the row after the prefix's last (stale logits)", ["eval"]),
     ("S3", "llmc/checkpoint.h", "    *rng = words[1];", "    (void)words[1];",
-     "checkpoint: a resumed run restarts the sampling generator from its seed", ["sampling"]),
+     "checkpoint: a resumed run restarts the sampling generator from its seed", ["eval"]),
 ]
 
 

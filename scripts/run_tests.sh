@@ -143,9 +143,9 @@ run_test emu_pcie_bytes "$PYTHON" scripts/test_pcie_bytes.py build/emu/train_gpt
 # the side-by-side benchmark against llm.c's fp32 trainer, with stand-ins for both trainers
 run_test emu_bench_llmc "$PYTHON" scripts/test_bench_llmc.py build/emu/train_gpt2cu
 run_test trace_cpu "$PYTHON" scripts/test_trace.py ./train_gpt2cpu dev/test/ref/tiny
-# the generated tokens (-s, -g) against PyTorch's draws from the checkpointed model, both trainers
-run_test sampling_cpu "$PYTHON" scripts/test_sampling.py ./train_gpt2cpu dev/test/ref/tiny
-run_test emu_sampling "$PYTHON" scripts/test_sampling.py build/emu/train_gpt2cu dev/test/ref/tiny
+# the val loss and the generated tokens against PyTorch, from the checkpointed models, both trainers
+run_test eval_cpu "$PYTHON" scripts/test_eval.py ./train_gpt2cpu dev/test/ref/tiny
+run_test emu_eval "$PYTHON" scripts/test_eval.py build/emu/train_gpt2cu dev/test/ref/tiny
 run_test failures_cpu "$PYTHON" scripts/test_failures.py ./train_gpt2cpu dev/test/ref/tiny
 run_test emu_failures "$PYTHON" scripts/test_failures.py build/emu/train_gpt2cu dev/test/ref/tiny --steps 30
 

@@ -1,19 +1,33 @@
 #!/usr/bin/env python3
 """
-The text a trainer generates (-s, -g) must be what its model predicts at that step, drawn
-with the trainer's generator. Checked against PyTorch (scripts/gpt2_reference.py):
+What a run reports besides its training losses, checked against PyTorch
+(scripts/gpt2_reference.py): the val loss (-v, -m) and the generated text (-s, -g).
 
-    /usr/bin/python3 scripts/test_sampling.py <trainer> <case dir>
+    /usr/bin/python3 scripts/test_eval.py <trainer> <case dir>
 
-For each mode the trainer trains the case for 4 steps, samples after steps 2 and 4 (-s 2)
-and writes a checkpoint at the same steps (-n 2), so the model files hold the parameters it
-sampled with. For each sample PyTorch computes the next-token probabilities of the same
-prefix from that file, and the same xorshift* generator (llmc/utils.h, seeded from -r as the
+For each mode the trainer trains the case for 4 steps, evaluates and samples after steps 2
+and 4 (-v 2, -s 2; the val loss also at step 0) and writes a checkpoint at the same steps
+(-n 2), so the model files hold the parameters it evaluated and sampled with.
+
+Val loss: the mean of the losses of the first -m 5 batches of the val shards, from the
+start every time. The val data are two shards written here: val_00 of exactly two batches
+(2*B*T + 1 tokens: the second batch's last target is the shard's last token) and val_01 of
+one and a bit, so the five batches cross to the second shard and wrap around to the first,
+and the next evaluation must start again at the first; PyTorch's DataLoader (an independent
+implementation) reads the same batches from the same pattern. Tolerance 2e-5 absolute, as in test_trainers_agree.py: the forward sums in another
+order than PyTorch's (a few 1e-7 per loss), and the trainer prints 6 decimals.
+
+Samples: for each, PyTorch computes the next-token probabilities of the same prefix from
+that model file, and the same xorshift* generator (llmc/utils.h, seeded from -r as the
 trainers seed it), continued from one sample to the next, draws from them through the same
 fp32 cumulative sum (sample_mult); the ids must be equal. -g 40 asks for more than the
 case's maxT (32) allows: the trainer stops after maxT - 1 tokens. Then a run resumed from the
 step-2 checkpoint must draw the same step-4 sample (the generator's state travels in the
-state file).
+state file). Samples are compared for equality, not within a tolerance: a draw can differ
+only where a coin falls between PyTorch's cdf and the trainer's, which differ by about 1e-7.
+The test prints the smallest distance of a coin to a step of the cdf; a mismatch with a
+distance under 1e-6 is called rounding in the message (it would still fail: it means the
+case should change, not the tolerance).
 
 Each mode meets one of the three tokenizers a run can have (-k), written here:
   adamw    the model's own (97 tokens, token i spelled "<i>", <|endoftext|> = 42): the
@@ -22,11 +36,7 @@ Each mode meets one of the three tokenizers a run can have (-k), written here:
            aside with a note, samples print ids and start from the model's last id;
   zenflow  none (the file is missing): the same, with the other note.
 
-Equality, not a tolerance: the draw can differ only where a coin falls between PyTorch's cdf
-and the trainer's, which differ by about 1e-7. The test prints the smallest distance of a
-coin to a step of the cdf; a mismatch with a distance under 1e-6 is called rounding in the
-message (it would still fail: it means the case should change, not the tolerance).
-Prints one line per check and `sampling: N passed, M failed`.
+Prints one line per check and `eval: N passed, M failed`.
 """
 import os
 import re
@@ -42,6 +52,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gpt2_reference as ref  # noqa: E402
 
 STEPS, EVERY, GEN, SEED = 4, 2, 40, 1337
+B, T, VAL_BATCHES, VAL_TOL = 4, 16, 5, 2e-5
 MODES = {
     "adamw": ["-zo", "adamw"],
     "offload": ["-zo", "offload"],
@@ -91,6 +102,30 @@ def reference_sample(model, rng, eot, n_tokens):
     return tokens[1:], margin
 
 
+def write_val_shards(tmp, vocab):
+    """two val shards of random ids: exactly 2 batches (2*B*T + 1 tokens), and 1 batch + 20; their glob"""
+    gen = np.random.default_rng(7)
+    for i, n in enumerate((2 * B * T + 1, B * T + 21)):
+        ref.write_shard(os.path.join(tmp, f"val_{i:02d}.bin"), gen.integers(0, vocab, n))
+    return os.path.join(tmp, "val_*.bin")
+
+
+def reference_val_loss(model, pattern):
+    """the mean fp32 loss of the first VAL_BATCHES batches (the trainers' val loss)"""
+    loader = ref.DataLoader(pattern, B, T, model.config.vocab_size)
+    total = np.float32(0.0)
+    with torch.no_grad():
+        for _ in range(VAL_BATCHES):
+            x, y = loader.next_batch()
+            total += np.float32(model(x, y)[1].item())
+    return float(total / np.float32(VAL_BATCHES))
+
+
+def val_losses(output):
+    """(step, val loss) of each `step s/n | val loss` line"""
+    return [(int(s), float(v)) for s, v in re.findall(r"^step (\d+)/\d+ \| val loss ([-0-9.naif]+)$", output, re.M)]
+
+
 def write_tokenizer(path, vocab, eot):
     """a tokenizer file (llmc/tokenizer.h) whose token i is spelled <i>"""
     with open(path, "wb") as f:
@@ -116,7 +151,7 @@ def run(argv):
 
 def main():
     if len(sys.argv) != 3:
-        sys.exit("usage: test_sampling.py <trainer> <case dir>")
+        sys.exit("usage: test_eval.py <trainer> <case dir>")
     trainer, case = sys.argv[1], sys.argv[2]
     ref.setup_torch()
     passed = failed = 0
@@ -127,22 +162,30 @@ def main():
         passed, failed = passed + ok, failed + (not ok)
 
     for mode, flags in MODES.items():
-        with tempfile.TemporaryDirectory(prefix="zf_sampling_") as tmp:
+        with tempfile.TemporaryDirectory(prefix="zf_eval_") as tmp:
             out, resumed = os.path.join(tmp, "run"), os.path.join(tmp, "resumed")
             tok_vocab, tok_eot, note = TOKENIZERS[mode]
             tok_path = os.path.join(tmp, "tokenizer.bin")
             if tok_vocab is not None:
                 write_tokenizer(tok_path, tok_vocab, tok_eot)
-            base = [trainer, "-e", f"{case}/model.bin", "-i", f"{case}/train.bin", "-j", f"{case}/train.bin",
-                    "-b", "4", "-t", "16", "-x", str(STEPS), "-v", "0", "-s", str(EVERY), "-g", str(GEN),
-                    "-r", str(SEED), "-l", "1e-3", "-c", "0.1", "-n", str(EVERY), "-k", tok_path] + flags
+            config = ref.read_model(f"{case}/model.bin").config
+            val_pattern = write_val_shards(tmp, config.vocab_size)
+            base = [trainer, "-e", f"{case}/model.bin", "-i", f"{case}/train.bin", "-j", val_pattern,
+                    "-b", str(B), "-t", str(T), "-x", str(STEPS), "-v", str(EVERY), "-m", str(VAL_BATCHES),
+                    "-s", str(EVERY), "-g", str(GEN), "-r", str(SEED), "-l", "1e-3", "-c", "0.1",
+                    "-n", str(EVERY), "-k", tok_path] + flags
             try:
                 output = run(base + ["-o", out])
             except (RuntimeError, subprocess.TimeoutExpired) as e:
                 check(False, f"{mode}: {e}")
                 continue
+            for step, got in val_losses(output):
+                path = f"{case}/model.bin" if step == 0 else os.path.join(out, f"model_{step:08d}.bin")
+                want = reference_val_loss(ref.read_model(path), val_pattern)
+                check(abs(got - want) <= VAL_TOL, f"{mode}: step {step} val loss {got:.6f}, PyTorch's {want:.6f}")
+            check([step for step, _ in val_losses(output)] == list(range(0, STEPS + 1, EVERY)),
+                  f"{mode}: val losses at steps {[step for step, _ in val_losses(output)]}")
             samples = trainer_samples(output)
-            config = ref.read_model(f"{case}/model.bin").config
             n_tokens = min(GEN + 1, config.max_seq_len) - 1
             # the model's own tokenizer gives <|endoftext|>; without one the trainers take the last id
             eot = tok_eot if note is None else config.vocab_size - 1
@@ -177,7 +220,7 @@ def main():
                 continue
             check(again == samples[1:], f"{mode}: resumed from step {EVERY}, the step-{STEPS} sample is the same")
 
-    print(f"sampling: {passed} passed, {failed} failed")
+    print(f"eval: {passed} passed, {failed} failed")
     sys.exit(1 if failed else 0)
 
 
