@@ -205,6 +205,10 @@ MUTANTS = [
      "a token id equal to the vocabulary size is accepted", ["bad"]),
     ("B2", "llmc/dataloader.h", "    if ((size_t)n < need) {", "    if ((size_t)n + 1 < need) {",
      "a shard of exactly B*T tokens is accepted (the last target is past its end)", ["bad"]),
+    # --- the random init (-e d<L>...)
+    ("I1", "llmc/gpt2_file.h", "float residual_std = 0.02f / sqrtf(2.0f * c->num_layers);",
+     "float residual_std = 0.02f / sqrtf((float)c->num_layers);",
+     "the residual projections' init std is 0.02/sqrt(L), not 0.02/sqrt(2L)", ["cpu"]),
     # --- evaluation (-v, -m) and sampling (-s, -g)
     ("V1", "llmc/dataloader.h", "    if (loader->shard_index != 0) { dataloader_load_shard(loader, 0); }\n", "",
      "the val loss restarts in the shard where the last evaluation stopped", ["eval"]),

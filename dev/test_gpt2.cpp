@@ -11,7 +11,9 @@ Each case directory is written by scripts/make_test_refs.sh and holds:
 Checks, each printed with its numbers:
   1. logits, loss and all 16 gradient tensors of the debug batch;
   2. the AdamW loss trajectory over `steps` steps on consecutive batches of train.bin;
-  3. the data loader on synthetic shards (order, targets, wrap-around, several shards).
+  3. the data loader on synthetic shards (order, targets, wrap-around, several shards);
+  4. the random init (-e d2c64h4) follows GPT-2's recipe, and GPT-2's four sizes;
+  5. the loss and gradients do not depend on the number of threads.
 
 Tolerances (fp32 against fp32; the two sides sum in different orders, so they agree to a
 few ulps times the depth of the sums, not bitwise). Errors are "relative to the tensor":
@@ -158,6 +160,88 @@ static void test_dataloader(void) {
     rmdir(dir);
 }
 
+// ----------------------------------------------------------------------------
+// the random init of `-e d<L>...` (llmc/gpt2_file.h), which both trainers use. It draws other
+// numbers than the PyTorch reference, so the check is of the recipe: exact values where it
+// says so, and for every matrix the sample mean, standard deviation and the share within one
+// and two standard deviations, each within 5 standard errors of the normal law's (the seed
+// is fixed, so this is as deterministic as every other check: the 5 says how far a correct
+// init may lie, and a wrong std by 5% or a uniform law lies far outside).
+
+static void test_random_init(void) {
+    printf("== random init of d2c64h4 (GPT-2's recipe)\n");
+    GPT2Config c;
+    gpt2_parse_model_spec("d2c64h4", &c);
+    float* params = gpt2_random_init(&c, 1337);
+    size_t sizes[NUM_PARAMETER_TENSORS];
+    gpt2_param_sizes(&c, sizes);
+    const double residual_std = 0.02 / sqrt(2.0 * c.num_layers);
+    int ok = 1;
+    const float* p = params;
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+        const char* name = gpt2_tensor_names[i];
+        if (gpt2_tensor_shape(&c, i).is_matrix) {
+            // wte: its V rows are drawn, the padding rows up to Vp are 0
+            size_t n = i == 0 ? (size_t)c.vocab_size * c.channels : sizes[i];
+            int pad_ok = 1;
+            for (size_t j = n; j < sizes[i]; j++) { pad_ok = pad_ok && p[j] == 0.0f; }
+            double want = (i == 6 || i == 12) ? residual_std : 0.02;  // attprojw, fcprojw
+            double sum = 0.0, sq = 0.0;
+            size_t in1 = 0, in2 = 0;
+            for (size_t j = 0; j < n; j++) {
+                sum += p[j];
+                sq += (double)p[j] * p[j];
+                in1 += fabs(p[j]) < want;
+                in2 += fabs(p[j]) < 2.0 * want;
+            }
+            double mean = sum / n, sd = sqrt(sq / n - mean * mean);
+            double f1 = (double)in1 / n, f2 = (double)in2 / n, p1 = 0.682689, p2 = 0.954500;
+            int good = pad_ok && fabs(mean) <= 5.0 * want / sqrt((double)n) &&
+                       fabs(sd / want - 1.0) <= 5.0 / sqrt(2.0 * n) &&
+                       fabs(f1 - p1) <= 5.0 * sqrt(p1 * (1 - p1) / n) && fabs(f2 - p2) <= 5.0 * sqrt(p2 * (1 - p2) / n);
+            printf("  %-8s n %8zu  mean %+.2e  std %.5f (want %.5f)  within 1 std %.4f, 2 std %.4f%s  %s\n", name, n,
+                   mean, sd, want, f1, f2, i == 0 ? (pad_ok ? "  padding rows 0" : "  PADDING ROWS NOT 0") : "",
+                   good ? "ok" : "FAIL");
+            ok = ok && good;
+        } else {
+            float want = (i == 2 || i == 8 || i == 14) ? 1.0f : 0.0f;  // LayerNorm gains, else biases
+            int good = 1;
+            for (size_t j = 0; j < sizes[i]; j++) { good = good && p[j] == want; }
+            printf("  %-8s n %8zu  all %g  %s\n", name, sizes[i], want, good ? "ok" : "FAIL");
+            ok = ok && good;
+        }
+        p += sizes[i];
+    }
+    size_t bytes = gpt2_num_params(&c) * sizeof(float);
+    float* again = gpt2_random_init(&c, 1337);
+    float* other = gpt2_random_init(&c, 1338);
+    int same = memcmp(params, again, bytes) == 0, differs = memcmp(params, other, bytes) != 0;
+    printf("  seed 1337 twice: %s; seed 1338: %s\n", same ? "bitwise equal" : "DIFFERENT",
+           differs ? "other numbers" : "THE SAME NUMBERS");
+    check(ok && same && differs, "the random init is not GPT-2's recipe, or not a function of the seed");
+    free(params);
+    free(again);
+    free(other);
+    // GPT-2's four sizes: the shapes, and the parameter count from them (d12's is llm.c's
+    // 124475904, with wte padded to 50304 rows), counted here tensor by tensor
+    const char* specs[4] = {"d12", "d24", "d36", "d48"};
+    const int want_c[4] = {768, 1024, 1280, 1600}, want_nh[4] = {12, 16, 20, 25};
+    int sizes_ok = 1;
+    for (int k = 0; k < 4; k++) {
+        GPT2Config g;
+        gpt2_parse_model_spec(specs[k], &g);
+        size_t L = g.num_layers, C = g.channels;
+        size_t count = 50304 * C + 1024 * C + L * (12 * C * C + 13 * C) + 2 * C;
+        int good = g.channels == want_c[k] && g.num_heads == want_nh[k] && g.vocab_size == 50257 &&
+                   g.padded_vocab_size == 50304 && g.max_seq_len == 1024 && gpt2_num_params(&g) == count &&
+                   (k != 0 || count == 124475904);
+        printf("  %s: L %d C %d NH %d, %zu parameters  %s\n", specs[k], g.num_layers, g.channels, g.num_heads,
+               gpt2_num_params(&g), good ? "ok" : "FAIL");
+        sizes_ok = sizes_ok && good;
+    }
+    check(sizes_ok, "GPT-2's sizes d12..d48 have the wrong shape or parameter count");
+}
+
 // the CPU kernels must not depend on the thread count (the trainer's determinism promise)
 static void test_thread_independence(const char* dir) {
     printf("== bitwise independence of the thread count\n");
@@ -200,6 +284,7 @@ int main(int argc, char* argv[]) {
         return 2;
     }
     test_dataloader();
+    test_random_init();
     for (int i = 1; i < argc; i++) { test_case(argv[i]); }
     test_thread_independence(argv[1]);
     printf("test_gpt2cpu: %d passed, %d failed\n", g_passed, g_failed);
