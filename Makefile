@@ -12,8 +12,10 @@ NVCC ?= nvcc
 
 # -ffp-contract=off: no fused multiply-add, so the AdamW step is bitwise the spec's
 # (docs/zenflow_spec.md 3.1) and the CPU trainer is reproducible; never -ffast-math.
+# `make CXXFLAGS="-O2 -march=x86-64-v3"` replaces the first line only: `override` keeps the
+# second (a variable set on make's command line would otherwise ignore the +=).
 CXXFLAGS ?= -O3 -march=native
-CXXFLAGS += -std=c++17 -fopenmp -ffp-contract=off -Wall -Wextra -Wno-unused-function
+override CXXFLAGS += -std=c++17 -fopenmp -ffp-contract=off -Wall -Wextra -Wno-unused-function
 LDLIBS = -lpthread -lm
 
 # CUDA: machine code for sm_80 (A100) and sm_90 (H100/H200), PTX of compute_90 that the
@@ -63,6 +65,15 @@ test_zenflow: dev/test_zenflow.cpp dev/test_common.h dev/train_gpt2.cpp cpu_adam
 # late or as early as CUDA allows (dev/cuda/zenflow_async.cpp)
 zenflow_async: dev/cuda/zenflow_async.cpp dev/test_common.h dev/train_gpt2.cpp cpu_adam.o $(HEADERS)
 	$(CXX) $(CXXFLAGS) $< cpu_adam.o -o $@ $(LDLIBS)
+
+# the CPU trainer for two other x86-64 levels: v2 (SSE, 4 floats a vector) and v3 (AVX2, 8);
+# scripts/test_same_bits.py checks that they train to the native build's bits
+ifeq ($(shell uname -m),x86_64)
+ARCH_BINS = build/arch/train_gpt2cpu_x86-64-v2 build/arch/train_gpt2cpu_x86-64-v3
+endif
+build/arch/train_gpt2cpu_%: dev/train_gpt2.cpp cpu_adam.cpp cpu_adam.h $(HEADERS)
+	@mkdir -p build/arch
+	$(CXX) -O3 -march=$* $(filter-out -O3 -march=native,$(CXXFLAGS)) $< cpu_adam.cpp -o $@ $(LDLIBS)
 
 bench_cpu_adam: dev/bench_cpu_adam.cpp cpu_adam.o cpu_adam.h
 	$(CXX) $(CXXFLAGS) $< cpu_adam.o -o $@ $(LDLIBS)
@@ -171,7 +182,7 @@ $(REF_DIR)/.stamp: scripts/make_test_refs.sh scripts/gpt2_reference.py scripts/z
 	bash scripts/make_test_refs.sh $(REF_DIR)
 	touch $@
 
-test: deps all $(TSAN_BINS) $(ASAN_BINS) $(FUZZ_BINS) $(EMU_BINS) refs
+test: deps all $(TSAN_BINS) $(ASAN_BINS) $(FUZZ_BINS) $(EMU_BINS) $(ARCH_BINS) refs
 	@bash scripts/run_tests.sh
 
 run: deps data all

@@ -38,6 +38,8 @@ Suites (what "the tests named" means), each a subset of make test:
   bad    scripts/test_bad_input.py with the CPU trainer (broken files and flags)
   eval   scripts/test_eval.py with the CPU trainer and the CUDA trainer on the emulator (the
          val loss and the generated tokens against PyTorch, the tokenizer a run keeps, resume)
+  bits   scripts/test_same_bits.py: the CPU trainer built for 4-, 8- and the native vector width
+         trains to the same bits
   race   scripts/test_races.sh: the CUDA test (tiny) and trainer (offload, zenflow) built with
          ThreadSanitizer on the emulator, schedule eager (no number depends on a missing wait
          there): fails on any race TSan sees between warps, blocks, streams and host threads
@@ -72,6 +74,9 @@ SUITES = {
     "eval": (["train_gpt2cpu", "build/emu/train_gpt2cu"],
              [f"{PY} scripts/test_eval.py ./train_gpt2cpu {REFS}/tiny",
               f"{PY} scripts/test_eval.py build/emu/train_gpt2cu {REFS}/tiny"]),
+    "bits": (["train_gpt2cpu", "build/arch/train_gpt2cpu_x86-64-v2", "build/arch/train_gpt2cpu_x86-64-v3"],
+             [f"{PY} scripts/test_same_bits.py {REFS}/tiny ./train_gpt2cpu build/arch/train_gpt2cpu_x86-64-v2 "
+              "build/arch/train_gpt2cpu_x86-64-v3"]),
     "race": (["build/emu/test_gpt2cu_tsan", "build/emu/train_gpt2cu_tsan"], ["bash scripts/test_races.sh"]),
 }
 
@@ -205,6 +210,23 @@ MUTANTS = [
      "a token id equal to the vocabulary size is accepted", ["bad"]),
     ("B2", "llmc/dataloader.h", "    if ((size_t)n < need) {", "    if ((size_t)n + 1 < need) {",
      "a shard of exactly B*T tokens is accepted (the last target is past its end)", ["bad"]),
+    # --- the CPU trainer's sums, whatever the machine
+    ("X1", "dev/train_gpt2.cpp",
+     ["            if (nr == 8) {",
+      """    float lane[DOT_LANES] = {0};
+    int C8 = C / DOT_LANES * DOT_LANES;
+    for (int i = 0; i < C8; i += DOT_LANES) {
+#pragma omp simd
+        for (int l = 0; l < DOT_LANES; l++) { lane[l] += x[i + l] * w[i + l]; }
+    }
+    return dot_lanes_sum(lane, x, w, C8, C);"""],
+     ["            if (0) {",
+      """    float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+    for (int i = 0; i < C; i++) { s += x[i] * w[i]; }
+    return s;"""],
+     "the matmul's dot products leave their order to the vector width (omp simd reduction, as before 2026-12-01)",
+     ["bits"]),
     # --- the random init (-e d<L>...)
     ("I1", "llmc/gpt2_file.h", "float residual_std = 0.02f / sqrtf(2.0f * c->num_layers);",
      "float residual_std = 0.02f / sqrtf((float)c->num_layers);",

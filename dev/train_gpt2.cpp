@@ -138,42 +138,58 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias,  // (B,T,C), 
     }
 }
 
+// A dot product whose rounding does not depend on the machine: 8 lanes, lane l adding the
+// products i = l, l+8, l+16, ... in order, the C % 8 last products added to lane 0, then the
+// lanes added in order. `#pragma omp simd reduction` would leave the lanes to the compiler:
+// 8 with AVX2, 16 with AVX-512, so the same source trained to other last digits on another
+// machine. (This order is what GCC makes of that pragma with AVX2, so the numbers quoted in
+// the README, made on an AVX2 machine, did not move when it was written down here.)
+#define DOT_LANES 8
+
+// the end of a dot product: the C % 8 last products into lane 0, then the lanes in order
+static inline float dot_lanes_sum(float* lane, const float* x, const float* w, int C8, int C) {
+    for (int i = C8; i < C; i++) { lane[0] += x[i] * w[i]; }
+    float s = 0.0f;
+    for (int l = 0; l < DOT_LANES; l++) { s += lane[l]; }
+    return s;
+}
+
+static inline float dot_fixed(const float* x, const float* w, int C) {
+    float lane[DOT_LANES] = {0};
+    int C8 = C / DOT_LANES * DOT_LANES;
+    for (int i = 0; i < C8; i += DOT_LANES) {
+#pragma omp simd
+        for (int l = 0; l < DOT_LANES; l++) { lane[l] += x[i + l] * w[i + l]; }
+    }
+    return dot_lanes_sum(lane, x, w, C8, C);
+}
+
 // out = inp @ weight^T + bias, i.e. out[r,o] = sum_i inp[r,i] * weight[o,i] + bias[o].
-// Rows are processed in blocks of 8 so each weight row is read once per block, not per row.
+// Rows are processed in blocks of 8 so each weight row is read once per block, not per row;
+// each of the 8 dot products is dot_fixed's, operation for operation.
 void matmul_forward(float* out,                                // (B, T, OC)
                     const float* inp,                          // (B, T, C)
                     const float* weight, const float* bias,    // (OC, C), (OC) or NULL
                     int B, int T, int C, int OC) {
-    const int R = B * T;
+    const int R = B * T, C8 = C / DOT_LANES * DOT_LANES;
 #pragma omp parallel for schedule(static)
     for (int r0 = 0; r0 < R; r0 += 8) {
         int nr = R - r0 < 8 ? R - r0 : 8;
         const float* x = inp + (size_t)r0 * C;
         for (int o = 0; o < OC; o++) {
             const float* w = weight + (size_t)o * C;
-            float acc[8] = {0};
+            float acc[8];
             if (nr == 8) {
-                float s0 = 0, s1 = 0, s2 = 0, s3 = 0, s4 = 0, s5 = 0, s6 = 0, s7 = 0;
-#pragma omp simd reduction(+ : s0, s1, s2, s3, s4, s5, s6, s7)
-                for (int i = 0; i < C; i++) {
-                    s0 += x[i] * w[i];
-                    s1 += x[C + i] * w[i];
-                    s2 += x[2 * C + i] * w[i];
-                    s3 += x[3 * C + i] * w[i];
-                    s4 += x[4 * C + i] * w[i];
-                    s5 += x[5 * C + i] * w[i];
-                    s6 += x[6 * C + i] * w[i];
-                    s7 += x[7 * C + i] * w[i];
+                float lane[8][DOT_LANES] = {{0}};  // [row][lane]
+                for (int i = 0; i < C8; i += DOT_LANES) {
+                    for (int r = 0; r < 8; r++) {
+#pragma omp simd
+                        for (int l = 0; l < DOT_LANES; l++) { lane[r][l] += x[(size_t)r * C + i + l] * w[i + l]; }
+                    }
                 }
-                acc[0] = s0; acc[1] = s1; acc[2] = s2; acc[3] = s3;
-                acc[4] = s4; acc[5] = s5; acc[6] = s6; acc[7] = s7;
+                for (int r = 0; r < 8; r++) { acc[r] = dot_lanes_sum(lane[r], x + (size_t)r * C, w, C8, C); }
             } else {
-                for (int r = 0; r < nr; r++) {
-                    float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-                    for (int i = 0; i < C; i++) { s += x[(size_t)r * C + i] * w[i]; }
-                    acc[r] = s;
-                }
+                for (int r = 0; r < nr; r++) { acc[r] = dot_fixed(x + (size_t)r * C, w, C); }
             }
             for (int r = 0; r < nr; r++) {
                 out[(size_t)(r0 + r) * OC + o] = acc[r] + (bias != NULL ? bias[o] : 0.0f);

@@ -104,6 +104,13 @@ run_test zenflow_tsan ./test_zenflow_tsan dev/test/ref/zf_a
 run_test trainer_tsan env ZF_UPDATER_DELAY_US=100000 ./train_gpt2cpu_tsan -e dev/test/ref/tiny/model.bin \
     -i dev/test/ref/tiny/train.bin -j dev/test/ref/tiny/train.bin -b 4 -t 16 -x 6 -v 0 -s 0 -zo zenflow -zu 4 \
     -tr "$LOG_DIR/trainer_tsan_trace.json" -tf 1 -tn 10
+# the same bits from builds for 4-, 8- and (here) the native vector width
+if [ -x build/arch/train_gpt2cpu_x86-64-v2 ]; then
+    run_test same_bits "$PYTHON" scripts/test_same_bits.py dev/test/ref/tiny ./train_gpt2cpu \
+        build/arch/train_gpt2cpu_x86-64-v2 build/arch/train_gpt2cpu_x86-64-v3
+else
+    skip_test same_bits "not an x86-64 machine (the builds for x86-64-v2 and -v3 are x86-64 only)"
+fi
 run_test plots "$PYTHON" scripts/test_plots.py
 run_test bad_input_cpu "$PYTHON" scripts/test_bad_input.py ./train_gpt2cpu
 
