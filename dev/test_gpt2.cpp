@@ -13,6 +13,7 @@ Checks, each printed with its numbers:
   2. the AdamW loss trajectory over `steps` steps on consecutive batches of train.bin;
   3. the data loader on synthetic shards (order, targets, wrap-around, several shards);
   4. the random init (-e d2c64h4) follows GPT-2's recipe, and GPT-2's four sizes;
+     tokenizer files of version 2 and llm.c's version 1, and one of another vocabulary;
   5. the loss and gradients do not depend on the number of threads.
 
 Tolerances (fp32 against fp32; the two sides sum in different orders, so they agree to a
@@ -161,6 +162,61 @@ static void test_dataloader(void) {
 }
 
 // ----------------------------------------------------------------------------
+// tokenizer files (llmc/tokenizer.h): version 2, llm.c's version 1, and one that does not
+// belong to the model
+
+static void write_tokenizer(const char* path, int version, int vocab, int eot) {
+    int header[256] = {0};
+    header[0] = TOKENIZER_MAGIC;
+    header[1] = version;
+    header[2] = vocab;
+    header[3] = eot;  // (version 1 has no such field: llm.c left it 0)
+    FILE* fp = fopen_check(path, "wb");
+    fwrite_check(header, sizeof(int), 256, fp, path);
+    for (int i = 0; i < vocab; i++) {
+        char piece[16];
+        unsigned char len = (unsigned char)snprintf(piece, sizeof(piece), "<%d>", i);
+        fwrite_check(&len, 1, 1, fp, path);
+        fwrite_check(piece, 1, len, fp, path);
+    }
+    fclose(fp);
+}
+
+static void test_tokenizer_files(void) {
+    printf("== tokenizer files\n");
+    char dir[] = "/tmp/zf_tokenizer_XXXXXX";
+    if (mkdtemp(dir) == NULL) { zf_fail("mkdtemp failed"); }
+    char v1[4200], v2[4200];
+    snprintf(v1, sizeof(v1), "%s/v1.bin", dir);
+    snprintf(v2, sizeof(v2), "%s/v2.bin", dir);
+    write_tokenizer(v1, 1, 50257, 0);
+    write_tokenizer(v2, 2, 97, 42);
+    Tokenizer a, b;
+    tokenizer_init(&a, v1);
+    tokenizer_init(&b, v2);
+    const char *a_eot = tokenizer_decode(&a, 50256), *b_last = tokenizer_decode(&b, 96);
+    int ok1 = a.init_ok && a.vocab_size == 50257 && a.eot_token == 50256 && a_eot && strcmp(a_eot, "<50256>") == 0;
+    int ok2 = b.init_ok && b.vocab_size == 97 && b.eot_token == 42 && b_last && strcmp(b_last, "<96>") == 0 &&
+              tokenizer_decode(&b, 97) == NULL;
+    printf("  version 1: %d tokens, <|endoftext|> %d (want 50257, 50256)  %s\n", a.vocab_size, a.eot_token,
+           ok1 ? "ok" : "FAIL");
+    printf("  version 2: %d tokens, <|endoftext|> %d (want 97, 42), id 97 decodes to nothing  %s\n", b.vocab_size,
+           b.eot_token, ok2 ? "ok" : "FAIL");
+    tokenizer_match_model(&b, v2, 97);   // the model's own: kept
+    int kept = b.init_ok;
+    tokenizer_match_model(&a, v1, 97);   // GPT-2's beside a 97-token model: put aside
+    int aside = !a.init_ok && tokenizer_decode(&a, 0) == NULL;
+    printf("  beside a 97-token model: the 97-token one kept %s, GPT-2's put aside %s\n", kept ? "yes" : "NO",
+           aside ? "yes" : "NO");
+    check(ok1 && ok2 && kept && aside, "tokenizer files are not read as llmc/tokenizer.h says");
+    tokenizer_free(&a);
+    tokenizer_free(&b);
+    remove(v1);
+    remove(v2);
+    rmdir(dir);
+}
+
+// ----------------------------------------------------------------------------
 // the random init of `-e d<L>...` (llmc/gpt2_file.h), which both trainers use. It draws other
 // numbers than the PyTorch reference, so the check is of the recipe: exact values where it
 // says so, and for every matrix the sample mean, standard deviation and the share within one
@@ -285,6 +341,7 @@ int main(int argc, char* argv[]) {
     }
     test_dataloader();
     test_random_init();
+    test_tokenizer_files();
     for (int i = 1; i < argc; i++) { test_case(argv[i]); }
     test_thread_independence(argv[1]);
     printf("test_gpt2cpu: %d passed, %d failed\n", g_passed, g_failed);

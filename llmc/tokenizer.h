@@ -4,7 +4,9 @@ Encoding happens once, in Python, when the data is prepared (scripts/bpe.py).
 
 File: 256-int header (magic 20240328, version 2, vocab size, id of <|endoftext|>), then
 for every id a length byte and that many bytes. A token is a byte string, not necessarily
-valid UTF-8 on its own (a multi-byte character can be split across tokens).
+valid UTF-8 on its own (a multi-byte character can be split across tokens). Version 1, llm.c's
+first format, has no <|endoftext|> field: it is read as llm.c reads it, GPT-2's 50257 tokens
+with <|endoftext|> = 50256.
 */
 #ifndef LLMC_TOKENIZER_H
 #define LLMC_TOKENIZER_H
@@ -39,8 +41,14 @@ static inline void tokenizer_init(Tokenizer* tok, const char* path) {
         zf_fail("%s: bad magic %d, expected %d (hint: not a tokenizer file)", path, header[0],
                 TOKENIZER_MAGIC);
     }
-    if (header[1] != TOKENIZER_VERSION) {
-        zf_fail("%s: tokenizer version %d, expected %d", path, header[1], TOKENIZER_VERSION);
+    if (header[1] == 1) {  // GPT-2's tokens, the <|endoftext|> id implied
+        if (header[2] != 50257) {
+            zf_fail("%s: a version 1 tokenizer has GPT-2's 50257 tokens, this one %d (hint: write it "
+                    "again as version 2, which names its <|endoftext|>)", path, header[2]);
+        }
+        header[3] = 50256;
+    } else if (header[1] != TOKENIZER_VERSION) {
+        zf_fail("%s: tokenizer version %d, expected 1 or %d", path, header[1], TOKENIZER_VERSION);
     }
     if (header[2] < 1 || header[2] > 1 << 20 || header[3] < 0 || header[3] >= header[2]) {
         zf_fail("%s: implausible vocab size %d / eot id %d", path, header[2], header[3]);

@@ -19,7 +19,8 @@
 #    runs); if there are none, tries scripts/make_test_refs.sh (needs a python with torch)
 # 3. runs test_gpt2cu on them (TF32 off, strict fp32 tolerances, determinism; ZenFlow in
 #    every mode and both transports against the reference, its exact invariants), and
-#    scripts/test_resume.py on train_gpt2cu (checkpoints, resume, SIGKILLs)
+#    scripts/test_resume.py on train_gpt2cu (checkpoints, resume, SIGKILLs), and
+#    scripts/test_eval.py (its val loss and samples against PyTorch)
 # 4. runs every dev/cuda program (validation against the CPU references, then timings),
 #    including zenflow (the GPU backend's primitives) and the two CPU-only ZenFlow checks
 #    then compute-sanitizer's memcheck and racecheck over test_gpt2cu on the tiny case
@@ -332,6 +333,22 @@ else
         "$REFS/tiny" --kills 3
     rc=$?
     record "resume train_gpt2cu" "$(status_word $rc)" "$(tail -1 "$LOGDIR/resume_train_gpt2cu.log") $(timeout_note $rc)"
+fi
+# the CUDA trainer's val loss and samples against PyTorch (TF32 off), part of the same stage
+if skip_stage resume "eval train_gpt2cu"; then
+    :
+elif [ $rc_train -ne 0 ]; then
+    record "eval train_gpt2cu" SKIPPED "build failed"
+elif ! nvidia-smi -L >/dev/null 2>&1; then
+    record "eval train_gpt2cu" SKIPPED "no CUDA device (nvidia-smi found none)"
+elif [ ! -f "$REFS/tiny/model.bin" ]; then
+    record "eval train_gpt2cu" SKIPPED "no $REFS/tiny"
+elif ! eval_py=$(torch_python); then
+    record "eval train_gpt2cu" SKIPPED "no python with torch+numpy here"
+else
+    run_logged "$LOGDIR/eval_train_gpt2cu.log" 90 "$eval_py" scripts/test_eval.py "$BUILD/train_gpt2cu" "$REFS/tiny"
+    rc=$?
+    record "eval train_gpt2cu" "$(status_word $rc)" "$(tail -1 "$LOGDIR/eval_train_gpt2cu.log") $(timeout_note $rc)"
 fi
 
 # ----------------------------------------------------------------------------

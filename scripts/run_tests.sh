@@ -44,7 +44,7 @@ gpu_check_dry_run() {
     bash scripts/gpu_check.sh "$only" --only "resume timeline" || return 1
     ran=$(grep -E '^\| ' "$only/summary.md" | grep -v -E 'not in --only|^\| (stage|device|build|test refs) ' \
           | cut -d'|' -f2 | sed 's/ *$//; s/^ *//' | tr '\n' ',')
-    if [ "$ran" != "resume train_gpt2cu,timeline offload,timeline zenflow," ]; then
+    if [ "$ran" != "resume train_gpt2cu,eval train_gpt2cu,timeline offload,timeline zenflow," ]; then
         echo "FAIL: --only \"resume timeline\" ran these stages: $ran"
         return 1
     fi

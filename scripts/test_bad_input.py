@@ -66,6 +66,8 @@ def main():
         good_model = write("model.bin", model_bytes())
         good_shard = write("shard.bin", shard_bytes(np.arange(2000) % V))
         write("tokenizer_bad.bin", header(20240328, 2, 5, 4) + b"\x01a\x00")
+        write("tokenizer_v1.bin", header(20240328, 1, 5) + b"\x01a" * 5)  # version 1 is GPT-2's only
+        write("tokenizer_v3.bin", header(20240328, 3, 5, 4) + b"\x01a" * 5)
         outdir = os.path.join(tmp, "out")
         os.mkdir(outdir)
         kept = write("out/main.log", b"s:1 trl:1.0\n")
@@ -101,6 +103,8 @@ def main():
             ("-n without -o", ["-n", "5", "-o", None], "-o"),
             ("unknown model spec", ["-e", "d13"], "d13"),
             ("corrupt tokenizer", ["-k", os.path.join(tmp, "tokenizer_bad.bin")], "tokenizer_bad.bin"),
+            ("version 1 tokenizer of 5 tokens", ["-k", os.path.join(tmp, "tokenizer_v1.bin")], "50257"),
+            ("tokenizer version 3", ["-k", os.path.join(tmp, "tokenizer_v3.bin")], "version 3"),
         ]
         if emulated_gpu:  # a 20 MiB "GPU": the 32 MiB cuBLASLt workspace does not fit
             cases.append(("too little GPU memory", [], "out of GPU memory", {"EMU_DEVICE_MEMORY_MB": "20"}))

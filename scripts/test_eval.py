@@ -7,7 +7,8 @@ What a run reports besides its training losses, checked against PyTorch
 
 For each mode the trainer trains the case for 4 steps, evaluates and samples after steps 2
 and 4 (-v 2, -s 2; the val loss also at step 0) and writes a checkpoint at the same steps
-(-n 2), so the model files hold the parameters it evaluated and sampled with.
+(-n 2), so the model files hold the parameters it evaluated and sampled with. TF32 is off
+(-f 0; the CPU trainer ignores the flag), so on a GPU the tolerances below hold too.
 
 Val loss: the mean of the losses of the first -m 5 batches of the val shards, from the
 start every time. The val data are two shards written here: val_00 of exactly two batches
@@ -173,7 +174,7 @@ def main():
             base = [trainer, "-e", f"{case}/model.bin", "-i", f"{case}/train.bin", "-j", val_pattern,
                     "-b", str(B), "-t", str(T), "-x", str(STEPS), "-v", str(EVERY), "-m", str(VAL_BATCHES),
                     "-s", str(EVERY), "-g", str(GEN), "-r", str(SEED), "-l", "1e-3", "-c", "0.1",
-                    "-n", str(EVERY), "-k", tok_path] + flags
+                    "-n", str(EVERY), "-k", tok_path, "-f", "0"] + flags
             try:
                 output = run(base + ["-o", out])
             except (RuntimeError, subprocess.TimeoutExpired) as e:
