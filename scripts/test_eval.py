@@ -186,6 +186,9 @@ def main():
                 check(abs(got - want) <= VAL_TOL, f"{mode}: step {step} val loss {got:.6f}, PyTorch's {want:.6f}")
             check([step for step, _ in val_losses(output)] == list(range(0, STEPS + 1, EVERY)),
                   f"{mode}: val losses at steps {[step for step, _ in val_losses(output)]}")
+            with open(os.path.join(out, "main.log")) as f:  # llm.c's log lines: s:<step> tel:<loss>
+                logged = [(int(a[2:]), float(b[4:])) for a, b in (line.split() for line in f) if b.startswith("tel:")]
+            check(logged == val_losses(output), f"{mode}: main.log's tel lines are the printed val losses: {logged}")
             samples = trainer_samples(output)
             n_tokens = min(GEN + 1, config.max_seq_len) - 1
             # the model's own tokenizer gives <|endoftext|>; without one the trainers take the last id
