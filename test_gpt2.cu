@@ -20,12 +20,13 @@ Checks, each printed with its numbers:
      scripts/zenflow_reference.py: model.bin, train.bin, case.txt, zenflow.txt, losses.txt,
      selections.txt), in both transports (-za cpu and gpu; adamw and offload have one):
      - the columns chosen at every selection and the loss of every step against the
-       reference (losses 1e-4 absolute, as the AdamW trajectory). Where the selections
+       reference (losses 2e-5 absolute, as the AdamW trajectory). Where the selections
        differ only in columns whose reference scores lie within 1e-4 (relative) of the
        boundary score, that is reported as a NEAR-TIE and the losses are compared up to
        that step: two correct implementations sum the scores in different orders and may
-       legitimately pick differently there. (The CPU test uses 1e-5; the GPU's gradients
-       differ from PyTorch's a little more after a few steps, cuBLAS summing in tiles.)
+       legitimately pick differently there. (The CPU test's near-tie band is 1e-5; this one
+       is wider on the side that cannot hide a bug: a tie only ends the comparison of the
+       losses at that step, every selection before it is still compared exactly.)
      - exact invariants (bitwise losses and final parameters) on the first zenflow case:
        -zo adamw == plain AdamW (gpt2_update); zenflow with U = 1, overlap off and S = 2
        (moments migrate every other step) == adamw for k = 0.05, 0.1, 0.5 in both
@@ -37,8 +38,11 @@ TF32 is OFF for all of them (plain fp32 matmuls); the TF32 errors are printed fo
 information only, since TF32 is the trainer's default.
 
 Tolerances: the CPU test's, unchanged (errors are "relative to the tensor": max |ours - ref|
-/ max |ref|): logits 1e-5, loss 1e-5 (absolute), gradients 1e-4, trajectory 1e-4 (absolute,
-per step). A GPU does not need more. With TF32 off, cuBLAS rounds every product and sum in
+/ max |ref|): logits 1e-5, loss 1e-5 (absolute), gradients 1e-5, trajectory and ZenFlow
+losses 2e-5 (absolute, per step). On the emulator, over every case of make test, the errors
+are 7x or more below them (gradients <= 5e-7, trajectory and ZenFlow losses <= 2.9e-6, both
+largest on the 50257-token vocab case). A GPU should not need more (not yet measured on one:
+the first GPU run's test_gpt2cu.log prints every error). With TF32 off, cuBLAS rounds every product and sum in
 fp32 like the CPU; only the order of the sums differs (tiles, split-K), which gives errors
 of the same size as the CPU's own differences to PyTorch. expf/logf/tanhf/sqrtf on the GPU
 (without --use_fast_math) are within 2 ulp, about 1e-7 relative, far below 1e-5. AdamW
@@ -95,7 +99,7 @@ static void test_case(const char* dir) {
     size_t sizes[NUM_PARAMETER_TENSORS], offset = 0;
     gpt2_param_sizes(c, sizes);
     for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
-        compare_tensor(gpt2_tensor_names[i], grads + offset, st.grads + offset, sizes[i], 1e-4);
+        compare_tensor(gpt2_tensor_names[i], grads + offset, st.grads + offset, sizes[i], 1e-5);
         offset += sizes[i];
     }
     // the padded vocabulary rows take no part in the loss: their gradient is exactly 0
@@ -139,8 +143,8 @@ static void test_case(const char* dir) {
         if (!(err <= worst)) { worst = err; }
         printf("  step %2d  loss ours %.6f  ref %.6f  |err| %.2e\n", t, model.mean_loss, ref[t], err);
     }
-    printf("  trajectory: %d steps, max |err| %.3e  %s\n", n, worst, worst <= 1e-4 ? "ok" : "FAIL");
-    check(worst <= 1e-4, "loss trajectory differs by more than 1e-4");
+    printf("  trajectory: %d steps, max |err| %.3e  %s\n", n, worst, worst <= 2e-5 ? "ok" : "FAIL");
+    check(worst <= 2e-5, "loss trajectory differs by more than 2e-5");
     free(ref);
     dataloader_free(&loader);
     gpt2_free(&model);
@@ -321,8 +325,8 @@ static void test_zenflow_case(const char* dir) {
             compared++;
         }
         printf("    losses: %d steps compared, first %.6f last %.6f, max |err| vs reference %.3e  %s\n", compared,
-               run.losses.front(), run.losses.back(), worst, worst <= 1e-4 ? "ok" : "FAIL");
-        check(worst <= 1e-4, "ZenFlow losses differ from the reference by more than 1e-4");
+               run.losses.front(), run.losses.back(), worst, worst <= 2e-5 ? "ok" : "FAIL");
+        check(worst <= 2e-5, "ZenFlow losses differ from the reference by more than 2e-5");
         by_transport[tr] = run.losses;
     }
     if (transports == 2) {  // information: the transports round A differently (spec 7)

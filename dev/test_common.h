@@ -271,11 +271,15 @@ static inline int compare_selections(const std::vector<Selection>& ours, const s
         double boundary = n > 0 && n <= sorted.size() ? sorted[n - 1] : 0.0;
         std::set<int> sa(a.cols.begin(), a.cols.end()), sr(r.cols.begin(), r.cols.end());
         int near = a.cols.size() == n && r.scores.size() > 0;
+        // (a column past the matrix is never a near-tie: it is a bug)
+        auto within = [&](int j) {
+            return j >= 0 && (size_t)j < r.scores.size() && fabs(r.scores[j] - boundary) <= near_tie * boundary;
+        };
         for (int j : sa) {
-            if (!sr.count(j)) { near = near && fabs(r.scores[j] - boundary) <= near_tie * boundary; }
+            if (!sr.count(j)) { near = near && within(j); }
         }
         for (int j : sr) {
-            if (!sa.count(j)) { near = near && fabs(r.scores[j] - boundary) <= near_tie * boundary; }
+            if (!sa.count(j)) { near = near && within(j); }
         }
         if (near) {
             printf("%sNEAR-TIE at step %d, matrix %d: the columns differ only where reference scores are "
