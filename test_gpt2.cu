@@ -40,14 +40,15 @@ information only, since TF32 is the trainer's default.
 Tolerances: the CPU test's, unchanged (errors are "relative to the tensor": max |ours - ref|
 / max |ref|): logits 1e-5, loss 1e-5 (absolute), gradients 1e-5, trajectory and ZenFlow
 losses 2e-5 (absolute, per step). On the emulator, over every case of make test, the errors
-are 7x or more below them (gradients <= 5e-7, trajectory and ZenFlow losses <= 2.9e-6, both
-largest on the 50257-token vocab case). A GPU should not need more (not yet measured on one:
-the first GPU run's test_gpt2cu.log prints every error). With TF32 off, cuBLAS rounds every product and sum in
-fp32 like the CPU; only the order of the sums differs (tiles, split-K), which gives errors
-of the same size as the CPU's own differences to PyTorch. expf/logf/tanhf/sqrtf on the GPU
-(without --use_fast_math) are within 2 ulp, about 1e-7 relative, far below 1e-5. AdamW
-is bitwise spec 3.1 (built with -fmad=false). If the test fails by a small factor, look for
-a bug before widening a tolerance: the CPU test passes with the same numbers.
+are 7x or more below them (gradients <= 5e-7; trajectory and ZenFlow losses <= 2.9e-6, on
+the 50257-token vocab cases). A GPU should not need more (not yet measured on one: the
+first GPU run's test_gpt2cu.log prints every error). With TF32 off, cuBLAS rounds every
+product and sum in fp32 like the CPU; only the order of the sums differs (tiles, split-K),
+which gives errors of the same size as the CPU's own differences to PyTorch.
+expf/logf/tanhf/sqrtf on the GPU (without --use_fast_math) are within 2 ulp, about 1e-7
+relative, far below 1e-5. AdamW is bitwise spec 3.1 (built with -fmad=false). If the test
+fails by a small factor, look for a bug before widening a tolerance: the CPU test passes
+with the same numbers.
 
 Without a CUDA device the test prints "test_gpt2cu: SKIPPED (...)" and exits 0.
 Any failure makes the exit code 1. The last line is "test_gpt2cu: N passed, M failed".
