@@ -442,6 +442,7 @@ static void test_zenflow_invariants(const char* dir) {
         ZfRun first = zf_run(dir, &c, z, -1, log_path);
         std::vector<std::pair<int, int>> windows = read_windows(log_path);
         remove(log_path);
+        check(!windows.empty(), "auto U closed no window (the checkpoint below would not fall inside one)");
         std::pair<int, int> longest = longest_window(windows);
         setenv("ZF_UPDATER_DELAY_US", "3000", 1);
         ZfRun delayed = zf_run(dir, &c, z, -1, NULL);

@@ -7,6 +7,7 @@
 set -u
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-/usr/bin/python3}
+unset PYTHONOPTIMIZE  # some tests check with assert, which -O would strip
 LOG_DIR=${LOG_DIR:-build/test_logs}
 mkdir -p "$LOG_DIR"
 passed=0 failed=0 skipped=0

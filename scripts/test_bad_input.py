@@ -128,6 +128,7 @@ def main():
             argv += positional
             with open(kept, "wb") as f:  # a log from an earlier run, which must survive
                 f.write(b"s:1 trl:1.0\n")
+            before = sorted(os.listdir(tmp)), sorted(os.listdir(outdir))
             result = subprocess.run(argv, cwd=tmp, capture_output=True, text=True, timeout=120, env=env)
             lines = [l for l in result.stderr.splitlines() if l.strip()]
             problems = []
@@ -140,6 +141,9 @@ def main():
             with open(kept, "rb") as f:
                 if f.read() != b"s:1 trl:1.0\n":
                     problems.append("it overwrote out/main.log")
+            after = sorted(os.listdir(tmp)), sorted(os.listdir(outdir))
+            if after != before:
+                problems.append(f"it left files behind: {sorted(set(after[0] + after[1]) - set(before[0] + before[1]))}")
             shown = lines[0] if lines else "(no stderr)"
             if problems:
                 failed += 1

@@ -60,7 +60,9 @@ def one_line_failure(argv, needles, env=None, max_step=None):
     if len(lines) != 1 or any(n not in lines[0] for n in needles):
         problems.append(f"stderr {lines[-3:]}")
     steps = [int(m.group(1)) for m in re.finditer(r"^step (\d+)/\d+ \| loss", r.stdout, re.M)]
-    if max_step is not None and steps and steps[-1] > max_step:
+    if max_step is not None and not steps:
+        problems.append("no step line before the failure (want the steps up to it)")
+    elif max_step is not None and steps[-1] > max_step:
         problems.append(f"trained on to step {steps[-1]} (want at most {max_step})")
     return problems, f"'{lines[0] if lines else ''}'"
 
@@ -137,7 +139,7 @@ def main():
             f.write(data)
         argv = base_args(trainer, case, 5)
         argv[argv.index("-e") + 1] = bad_model
-        check("nan parameter", *one_line_failure(argv, ["step 1", "lnfw"]))
+        check("nan parameter", *one_line_failure(argv, ["step 1", "the loss is", "lnfw"]))
 
     passed = sum(results)
     print(f"failures: {passed} passed, {len(results) - passed} failed")

@@ -74,8 +74,8 @@ def main():
             if worst > TOL:
                 problems.append(f"max |loss diff| {worst:.3e} > {TOL:g}")
             trl = sum(1 for k in a if k.endswith("trl"))
-            if trl != STEPS:
-                problems.append(f"{trl} training losses logged, want {STEPS}")
+            if trl != STEPS or len(a) - trl != STEPS // 4 + 1:  # -v 4: at steps 0, 4, ..., STEPS
+                problems.append(f"{trl} training and {len(a) - trl} val losses logged, want {STEPS} and {STEPS // 4 + 1}")
             if problems:
                 failed += 1
                 print(f"FAIL  {name}: {'; '.join(problems)}")
