@@ -15,8 +15,9 @@ start every time. The val data are two shards written here: val_00 of exactly tw
 (2*B*T + 1 tokens: the second batch's last target is the shard's last token) and val_01 of
 one and a bit, so the five batches cross to the second shard and wrap around to the first,
 and the next evaluation must start again at the first; PyTorch's DataLoader (an independent
-implementation) reads the same batches from the same pattern. Tolerance 2e-5 absolute, as in test_trainers_agree.py: the forward sums in another
-order than PyTorch's (a few 1e-7 per loss), and the trainer prints 6 decimals.
+implementation) reads the same batches from the same pattern. Tolerance 5e-6 absolute: the
+forward sums in another order than PyTorch's (a few 1e-7 per loss) and the trainer prints 6
+decimals; the differences measured on the CPU and the emulator are at most 1e-6.
 
 Samples: for each, PyTorch computes the next-token probabilities of the same prefix from
 that model file, and the same xorshift* generator (llmc/utils.h, seeded from -r as the
@@ -53,7 +54,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gpt2_reference as ref  # noqa: E402
 
 STEPS, EVERY, GEN, SEED = 4, 2, 40, 1337
-B, T, VAL_BATCHES, VAL_TOL = 4, 16, 5, 2e-5
+B, T, VAL_BATCHES, VAL_TOL = 4, 16, 5, 5e-6
 MODES = {
     "adamw": ["-zo", "adamw"],
     "offload": ["-zo", "offload"],
