@@ -10,7 +10,7 @@ the end is the measurement (the last one, and what the first run found: docs/mut
 A survivor is either a gap to close with a test, or a change that cannot alter any result
 (an "equivalent" mutant), which the list then says and drops.
 
-  python3 dev/mutants.py                 all mutants (about 40 minutes on 2 cores)
+  python3 dev/mutants.py                 all mutants (25 to 45 minutes on 2 cores)
   python3 dev/mutants.py --only C3,G2    some of them
   python3 dev/mutants.py --list          the list, nothing run
   python3 dev/mutants.py --check         only whether every mutation still applies (seconds)
@@ -239,7 +239,7 @@ MUTANTS = [
      "a shard's last full batch is skipped (it ends at the shard's last token)", ["eval"]),
     ("S1", "llmc/tokenizer.h", "    if (!tok->init_ok || tok->vocab_size == model_vocab) { return; }",
      "    if (1) { return; }",
-     "a tokenizer of another vocabulary is kept (its <|endoftext|> starts the samples)", ["eval"]),
+     "a tokenizer of another vocabulary is kept (its end-of-text id starts the samples)", ["eval"]),
     ("S2", "train_gpt2.cu", "model->acts.logits + (size_t)(t - 1) * Vp", "model->acts.logits + (size_t)t * Vp",
      "the GPU trainer samples from the row after the prefix's last (stale logits)", ["eval"]),
     ("S3", "llmc/checkpoint.h", "    *rng = words[1];", "    (void)words[1];",
