@@ -55,7 +55,7 @@ static inline void train_args_usage(const char* program) {
             "  -n <int>    write a checkpoint (model + state) into -o every this many steps, 0 = never\n"
             "  -y <0|1>    resume from the newest checkpoint in -o (default 0)\n"
             "  -r <int>    random seed for init and sampling (default 1337)\n"
-            "  -f <0|1>    TF32 tensor cores for the matmuls (CUDA trainer; default 1)\n"
+            "  -f <0|1>    TF32 tensor cores for the matmuls (CUDA trainer; default 1; the CPU trainer ignores it)\n"
             "ZenFlow (docs/zenflow_spec.md):\n"
             "  -zo <string> optimizer mode: adamw | offload | zenflow (default zenflow)\n"
             "  -zk <float>  topk ratio k: fraction of each matrix's columns on the GPU (default 0.1)\n"
