@@ -163,6 +163,9 @@ def main():
         print(f"{'ok  ' if ok else 'FAIL'} {what}")
         passed, failed = passed + ok, failed + (not ok)
 
+    initial = ref.read_model(f"{case}/model.bin")
+    config = initial.config
+    n_tokens = min(GEN + 1, config.max_seq_len) - 1
     for mode, flags in MODES.items():
         with tempfile.TemporaryDirectory(prefix="zf_eval_") as tmp:
             out, resumed = os.path.join(tmp, "run"), os.path.join(tmp, "resumed")
@@ -170,7 +173,6 @@ def main():
             tok_path = os.path.join(tmp, "tokenizer.bin")
             if tok_vocab is not None:
                 write_tokenizer(tok_path, tok_vocab, tok_eot)
-            config = ref.read_model(f"{case}/model.bin").config
             val_pattern = write_val_shards(tmp, config.vocab_size)
             base = [trainer, "-e", f"{case}/model.bin", "-i", f"{case}/train.bin", "-j", val_pattern,
                     "-b", str(B), "-t", str(T), "-x", str(STEPS), "-v", str(EVERY), "-m", str(VAL_BATCHES),
@@ -181,17 +183,23 @@ def main():
             except (RuntimeError, subprocess.TimeoutExpired) as e:
                 check(False, f"{mode}: {e}")
                 continue
-            for step, got in val_losses(output):
-                path = f"{case}/model.bin" if step == 0 else os.path.join(out, f"model_{step:08d}.bin")
-                want = reference_val_loss(ref.read_model(path), val_pattern)
+            models = {0: initial}  # step -> the parameters the trainer evaluated and sampled with
+
+            def model_at(step):
+                if step not in models:
+                    models[step] = ref.read_model(os.path.join(out, f"model_{step:08d}.bin"))
+                return models[step]
+
+            vals = val_losses(output)
+            for step, got in vals:
+                want = reference_val_loss(model_at(step), val_pattern)
                 check(abs(got - want) <= VAL_TOL, f"{mode}: step {step} val loss {got:.6f}, PyTorch's {want:.6f}")
-            check([step for step, _ in val_losses(output)] == list(range(0, STEPS + 1, EVERY)),
-                  f"{mode}: val losses at steps {[step for step, _ in val_losses(output)]}")
+            check([step for step, _ in vals] == list(range(0, STEPS + 1, EVERY)),
+                  f"{mode}: val losses at steps {[step for step, _ in vals]}")
             with open(os.path.join(out, "main.log")) as f:  # llm.c's log lines: s:<step> tel:<loss>
                 logged = [(int(a[2:]), float(b[4:])) for a, b in (line.split() for line in f) if b.startswith("tel:")]
-            check(logged == val_losses(output), f"{mode}: main.log's tel lines are the printed val losses: {logged}")
+            check(logged == vals, f"{mode}: main.log's tel lines are the printed val losses: {logged}")
             samples = trainer_samples(output)
-            n_tokens = min(GEN + 1, config.max_seq_len) - 1
             # the model's own tokenizer gives <|endoftext|>; without one the trainers take the last id
             eot = tok_eot if note is None else config.vocab_size - 1
             notes = [line for line in output.splitlines() if line.startswith("note: tokenizer")]
@@ -207,8 +215,7 @@ def main():
             rng = Rng(SEED)
             for k, got in enumerate(samples):
                 step = (k + 1) * EVERY
-                model = ref.read_model(os.path.join(out, f"model_{step:08d}.bin"))
-                want, margin = reference_sample(model, rng, eot, n_tokens)
+                want, margin = reference_sample(model_at(step), rng, eot, n_tokens)
                 same = got == want
                 why = "" if same or margin >= 1e-6 else " (a coin within 1e-6 of a cdf step: rounding)"
                 check(same, f"{mode}: step {step} sample equals PyTorch's draws "

@@ -17,6 +17,7 @@ vector widths it compared. Prints one line per check and `same_bits: N passed, M
 """
 import filecmp
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -97,8 +98,8 @@ def main():
                     print(f"{'ok  ' if same else 'FAIL'} {shape}, {mode}: {os.path.basename(t)} "
                           f"{'trains to the same bits as' if same else 'DIFFERS from'} the native build")
                     passed, failed = passed + same, failed + (not same)
-                    subprocess.run(["rm", "-rf", out])
-                subprocess.run(["rm", "-rf", base])
+                    shutil.rmtree(out, ignore_errors=True)
+                shutil.rmtree(base, ignore_errors=True)
     print(f"same_bits: {passed} passed, {failed} failed")
     sys.exit(1 if failed or passed == 0 else 0)
 
