@@ -924,7 +924,10 @@ static inline void zf_step(ZenFlow* zf, int t, ZfAdamHyper hyper) {
     double t0 = zf_now_ms();
     be->gpu_adam(be->ctx, zf, hyper, s);
     zf_trace_device(zf, TRACE_COMPUTE, "GPU-side AdamW", t0);
-    if (zf->cpu_elems == 0) { return; }  // adamw mode: the CPU owns nothing
+    // adamw mode, or a k that selects every column: the CPU owns nothing, so it has nothing
+    // to add up, update or send back. The windows still count (below): a reselection waits
+    // for a window's start (4.2), and auto U logs its windows, as the reference does.
+    const int cpu_work = zf->cpu_elems > 0;
 
     // the CPU's part of this step runs in the background (overlap), or here and now
     // (overlap off, and warm-up, which is synchronous offload: windows of one step)
@@ -938,7 +941,7 @@ static inline void zf_step(ZenFlow* zf, int t, ZfAdamHyper hyper) {
     // window update will find A.
     const float* window_sum = zf->acc;
     int stage = -1;
-    if (cfg->transport == ZF_ACC_CPU) {
+    if (cfg->transport == ZF_ACC_CPU && cpu_work) {
         // spec 7, CPU accumulation: g_t's CPU-owned columns to the host, the CPU adds them up
         // (pipelining: most have left already, layer by layer, into the stage taken then)
         stage = zf->early_dest != NULL ? zf->early_stage : zf_take_stage(zf, background);
@@ -963,9 +966,10 @@ static inline void zf_step(ZenFlow* zf, int t, ZfAdamHyper hyper) {
     if (!closes) {
         if (auto_u) {
             // spec 6: this step's sums start now; zf_auto_decide reads them one step later
+            // (u is read only for matrices with CPU-owned columns: none, if the CPU owns nothing)
             int gpu_acc = cfg->transport == ZF_ACC_GPU;
-            be->abs_sums(be->ctx, zf, zf->sum_sel, gpu_acc ? zf->sum_cpu : NULL);
-            zf->auto_job = !gpu_acc && background ? zf->stage_reader[stage] : zf_no_job;
+            be->abs_sums(be->ctx, zf, zf->sum_sel, gpu_acc && cpu_work ? zf->sum_cpu : NULL);
+            zf->auto_job = !gpu_acc && background && cpu_work ? zf->stage_reader[stage] : zf_no_job;
             zf->auto_pending = 1;
         }
         return;
@@ -981,6 +985,7 @@ static inline void zf_step(ZenFlow* zf, int t, ZfAdamHyper hyper) {
         memset(zf->c_sum, 0, zf->num_matrices * sizeof(double));
         if (zf->selection_log != NULL) { fprintf(zf->selection_log, "win %d %d\n", t, n); }
     }
+    if (!cpu_work) { return; }
     ZfAdamHyper cpu_hyper = hyper;  // every CPU-owned element is a matrix element: decay on
     if (!background) {
         // synchronous: update now, apply before the next forward

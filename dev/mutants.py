@@ -56,7 +56,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REFS = "dev/test/ref"
 # the Python the tests need (numpy, torch: Debian's), as in the Makefile
 PY = os.environ.get("PYTHON", "/usr/bin/python3")
-ZF_ALL = " ".join(f"{REFS}/zf_{c}" for c in "abcdefgv")
+ZF_ALL = " ".join(f"{REFS}/zf_{c}" for c in "abcdefghv")
 
 # suite: (make targets, commands run in order)
 SUITES = {
@@ -123,6 +123,9 @@ MUTANTS = [
     ("C16", "dev/train_gpt2.cpp", "vector_hyper.weight_decay = 0.0f;  // spec 1",
      "vector_hyper.weight_decay = h.weight_decay;  // spec 1",
      "1 weight decay on the vectors (CPU trainer's device side)", ["cpu"]),
+    ("C17", "zenflow.h", "    const int cpu_work = zf->cpu_elems > 0;\n",
+     "    const int cpu_work = zf->cpu_elems > 0;\n    if (!cpu_work) { return; }\n",
+     "4.2, 6 every column on the GPU: windows not counted, reselections on other steps", ["cpu"]),
     # --- cpu_adam.cpp: bitwise spec 3.1
     ("A1", "cpu_adam.cpp", "p[i] = pi - c->lr * (mhat / (sqrtf(vhat) + c->eps) + c->wd * pi);",
      "p[i] = pi - c->lr * (mhat / sqrtf(vhat + c->eps) + c->wd * pi);",

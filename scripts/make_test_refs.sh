@@ -22,6 +22,8 @@
 #   zf_v  vocab, k=0.1 U=4 S=8 W=0 overlap on (the real vocabulary's wte)
 #   zf_f  tiny, k=0.1  U=auto S=8 W=0 overlap on : windows of 3 to 5 steps (spec 6)
 #   zf_g  tiny, k=0.05 U=auto (U_max 3) S=6 W=2 overlap off: every window hits U_max
+#   zf_h  tiny, k=1    U=auto (U_max 3) S=4 W=1 overlap on : every column on the GPU, so the
+#         CPU owns nothing, yet the windows (and so the reselections) still count
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-/usr/bin/python3}
@@ -97,6 +99,7 @@ make_zf_case zf_e tiny 12 adamw 1 1 0 0 0
 make_zf_case zf_v vocab 16 zenflow 0.1 4 8 0 1
 make_zf_case zf_f tiny 30 zenflow 0.1 0 8 0 1
 make_zf_case zf_g tiny 20 zenflow 0.05 0 6 2 0 3
+make_zf_case zf_h tiny 16 zenflow 1 0 4 1 1 3
 
 for name in $ONLY; do
     [[ "$CASES" == *" $name "* ]] || { echo "make_test_refs.sh: --only: no case '$name' (cases:$CASES)" >&2; exit 2; }

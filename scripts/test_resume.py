@@ -42,6 +42,11 @@ MODES = {
     # puts the windows at steps 2-5, 6-9, so the checkpoint after step 7 is inside one, with A
     # in the gradient buffer (-za gpu)
     "zenflow-auto": ["-zo", "zenflow", "-zk", "0.1", "-zu", "auto", "-zs", "8", "-zw", "1", "-za", "gpu"],
+    # every column on the GPU: the CPU owns nothing, but the windows still count (U_max 3:
+    # steps 1-3, 4-6, 7-9), so the checkpoint after step 7 saves an open window that holds
+    # no element (a resume that mislaid it would still train the same numbers; this checks
+    # that such a file is written and read back at all)
+    "zenflow-all-gpu": ["-zo", "zenflow", "-zk", "1", "-zu", "auto", "-zx", "3", "-zs", "4", "-za", "gpu"],
 }
 
 
