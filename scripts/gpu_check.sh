@@ -10,7 +10,7 @@
 #   bash scripts/gpu_check.sh /tmp/gpu_check --out $OUT
 # --only: run just these stages after the builds (a second run on the same lease, for what
 # the first one left SKIPPED "out of time"): tests resume devcuda sanitizer llmc zenflow
-# timeline d12, e.g. --only "sanitizer timeline"
+# timeline d12 random, e.g. --only "sanitizer timeline"
 #
 # 1. builds train_gpt2cu, test_gpt2cu and dev/cuda for sm_90 (in parallel, into build/gpu_check)
 # 2. finds the PyTorch reference cases (dev/test/ref/*/state.bin, and the ZenFlow cases
@@ -33,6 +33,9 @@
 #    - the d12 timelines of offload and zenflow (-tr, steps 4..7) for the teaching pictures;
 #    - if time remains, GPT-2 124M (d12, random init, -zo adamw), T=1024: B=4 and B=16 with
 #      TF32, B=4 in fp32, 12 steps each.
+# 6. if time remains, scripts/test_random_cases.py: 12 model shapes and ZenFlow settings
+#    drawn at random (C 4..48, odd ones too, T down to 1: shapes no fixed case gives
+#    cuBLASLt), their references made here with PyTorch, through test_gpt2cu and train_gpt2cu
 # Prints a summary table LAST (also $LOGDIR/summary.md); every log is under <logdir>.
 #
 # Benchmark numbers: ms/step = median of steps 3..12 (steps 1-2 are warm-up: cuBLASLt
@@ -49,7 +52,7 @@
 set -u
 
 usage() { echo "usage: $0 <logdir> [--out <dir>] [--only \"<stages>\"] (stages: $STAGES)" >&2; exit 2; }
-STAGES="tests resume devcuda sanitizer llmc zenflow timeline d12"
+STAGES="tests resume devcuda sanitizer llmc zenflow timeline d12 random"
 PACK_DIR=""
 ONLY=""
 [ $# -ge 1 ] || usage
@@ -534,6 +537,22 @@ done
 bench "d12 B=4 TF32" d12_B4_tf32 4 1
 bench "d12 B=16 TF32" d12_B16_tf32 16 1
 bench "d12 B=4 fp32" d12_B4_fp32 4 0
+
+# ----------------------------------------------------------------------------
+# 6. random shapes and settings, last: the fixed cases above come first
+
+if skip_stage random "random cases" || ! tiny_case_row "random cases"; then
+    :
+elif [ $rc_test -ne 0 ]; then
+    record "random cases" SKIPPED "test_gpt2cu: build failed"
+elif ! random_py=$(torch_python); then
+    record "random cases" SKIPPED "no python with torch+numpy here"
+else
+    run_logged "$LOGDIR/random_cases.log" 120 "$random_py" scripts/test_random_cases.py --count 12 --seed 1 \
+        --no-cpu-tests --cuda-test "$BUILD/test_gpt2cu" --trainer "$BUILD/train_gpt2cu" --logs "$LOGDIR/random_cases"
+    rc=$?
+    record "random cases" "$(status_word $rc)" "$(tail -1 "$LOGDIR/random_cases.log") $(timeout_note $rc)"
+fi
 
 # ----------------------------------------------------------------------------
 # summary (last)

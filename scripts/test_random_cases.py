@@ -5,7 +5,8 @@ random. The fixed cases of dev/test/ref share two shapes and seven ZenFlow setti
 test draws new ones, the edges included, and checks them with the same test programs.
 
     /usr/bin/python3 scripts/test_random_cases.py [--count N] [--seed S] [--only I,J]
-        [--emu build/emu/test_gpt2cu] [--trainer ./train_gpt2cpu ...] [--keep DIR]
+        [--cuda-test build/emu/test_gpt2cu] [--trainer ./train_gpt2cpu ...] [--no-cpu-tests]
+        [--keep DIR] [--logs DIR]
 
 Case i of seed S is drawn from its own generator (seeded with "S:i"), so `--seed S --only i`
 makes exactly that case again. Each case draws
@@ -20,16 +21,17 @@ makes exactly that case again. Each case draws
                S 0..10, W 0..3, overlap on or off), checked by test_zenflow: the columns of
                every selection, auto U's windows and every loss against the reference of
                the spec.
-test_zenflow runs every zenflow case in both transports. With --emu, the CUDA test
-(test_gpt2cu) on the CPU emulator checks every case too. With --trainer (the CPU trainer,
-the CUDA trainer on the emulator: any binary with the trainers' flags), the trainer itself
+test_zenflow runs every zenflow case in both transports. With --cuda-test, the CUDA test
+(test_gpt2cu, built for the CPU emulator or for a GPU) checks every case too. With --trainer
+(the CPU trainer, the CUDA trainer: any binary with the trainers' flags), the trainer itself
 trains every case (a plain one as -zo adamw) three times, with the transport (-za), the
 transfers (-zp), a val loss and samples every few steps and the checkpoint interval drawn
 too: its logged losses must be the reference's (2e-5), the same bit for bit without the
 val losses, samples and checkpoints, and the run resumed from one of its checkpoints must
-end in the same model file, byte for byte (check_trainer). The references come from
-scripts/gpt2_reference.py and scripts/zenflow_reference.py, as make_test_refs.sh writes the
-fixed cases.
+end in the same model file, byte for byte (check_trainer). --no-cpu-tests leaves out
+test_gpt2cpu and test_zenflow (scripts/gpu_check.sh: the CUDA test and trainer on a GPU).
+The references come from scripts/gpt2_reference.py and scripts/zenflow_reference.py, as
+make_test_refs.sh writes the fixed cases.
 
 Two limits keep every comparison a test of the code, not of how well the problem is
 conditioned (both found by this test's first runs):
@@ -43,7 +45,7 @@ conditioned (both found by this test's first runs):
 
 `make test` runs 24 cases of seed 1 with all of these (under a minute on 2 cores). To hunt
 for more (about a second a case):
-    /usr/bin/python3 scripts/test_random_cases.py --count 400 --seed $RANDOM --emu build/emu/test_gpt2cu \
+    /usr/bin/python3 scripts/test_random_cases.py --count 400 --seed $RANDOM --cuda-test build/emu/test_gpt2cu \
         --trainer ./train_gpt2cpu --trainer build/emu/train_gpt2cu
 A failing case is named with the command that makes it again; its folder is kept (--keep
 keeps every folder).
@@ -214,7 +216,9 @@ def check_trainer(trainer, d, c, seed, i):
         shutil.rmtree(path, ignore_errors=True)
 
     def train(outdir, *more):
-        p = subprocess.run(base + list(more) + ["-o", outdir], cwd=ROOT, capture_output=True, text=True)
+        # (a tiny case trains in a second; 300 s means it hangs)
+        p = subprocess.run(base + list(more) + ["-o", outdir], cwd=ROOT, capture_output=True, text=True,
+                           timeout=300)
         if p.returncode != 0:
             tail = (p.stderr.strip().splitlines() or ["(nothing on stderr)"])[-1]
             raise RuntimeError(f"{os.path.basename(outdir)} exited {p.returncode}: {tail}")
@@ -248,7 +252,7 @@ def check_trainer(trainer, d, c, seed, i):
         lb = trainer_losses(B)
         if sorted(lb) != list(range(at + 1, steps + 1)) or any(lb[t] != la.get(t) for t in lb):
             problems.append(f"resumed at step {at}: other losses (or steps) than the uninterrupted run's")
-    except (RuntimeError, OSError) as e:
+    except (RuntimeError, OSError, subprocess.TimeoutExpired) as e:
         problems.append(str(e))
     return flags, problems
 
@@ -258,13 +262,16 @@ def main():
     ap.add_argument("--count", type=int, default=24)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--only", default="", help="comma-separated case numbers of the seed")
-    ap.add_argument("--emu", help="the CUDA test built for the emulator (build/emu/test_gpt2cu)")
+    ap.add_argument("--cuda-test", help="the CUDA test binary (build/emu/test_gpt2cu, or a GPU build)")
+    ap.add_argument("--no-cpu-tests", action="store_true", help="leave out test_gpt2cpu and test_zenflow")
     ap.add_argument("--trainer", action="append", default=[],
                     help="also train every case with this trainer binary (repeatable)")
     ap.add_argument("--keep", help="write the cases here and keep them (must not exist)")
+    ap.add_argument("--logs", help="write the test programs' logs here (default: with the cases)")
     args = ap.parse_args()
     indices = [int(x) for x in args.only.split(",")] if args.only else list(range(args.count))
-    for prog in ["test_gpt2cpu", "test_zenflow"] + ([args.emu] if args.emu else []) + args.trainer:
+    cpu_tests = [] if args.no_cpu_tests else ["test_gpt2cpu", "test_zenflow"]
+    for prog in cpu_tests + ([args.cuda_test] if args.cuda_test else []) + args.trainer:
         if not os.access(os.path.join(ROOT, prog), os.X_OK):
             print(f"error: {prog} is not built (hint: make {prog})", file=sys.stderr)
             return 2
@@ -273,6 +280,8 @@ def main():
         return 2
     root = os.path.abspath(args.keep) if args.keep else tempfile.mkdtemp(prefix="random_cases_")
     os.makedirs(root, exist_ok=True)
+    logs = os.path.abspath(args.logs) if args.logs else root
+    os.makedirs(logs, exist_ok=True)
     ref.setup_torch(1)
 
     cases = {}
@@ -285,11 +294,13 @@ def main():
     plain = [d for d, (_, c) in cases.items() if c["mode"] == "plain"]
     zenflow = [d for d, (_, c) in cases.items() if c["mode"] != "plain"]
 
-    results = [run_program("test_gpt2cpu", ["./test_gpt2cpu"], plain, root),
-               run_program("test_zenflow", ["./test_zenflow"], zenflow, root)]
-    if args.emu:
-        results.append(run_program("emu_test_gpt2cu", ["env", "EMU_SCHEDULE=lazy", args.emu],
-                                   plain + zenflow, root))
+    results = []
+    if cpu_tests:
+        results.append(run_program("test_gpt2cpu", ["./test_gpt2cpu"], plain, logs))
+        results.append(run_program("test_zenflow", ["./test_zenflow"], zenflow, logs))
+    if args.cuda_test:  # (EMU_SCHEDULE: the emulator's stream order, ignored on a GPU)
+        results.append(run_program("test_gpt2cu", ["env", "EMU_SCHEDULE=lazy", args.cuda_test],
+                                   plain + zenflow, logs))
     for trainer in args.trainer:
         failed = set()
         for d, (i, c) in cases.items():
@@ -304,7 +315,9 @@ def main():
     bad = sorted(set().union(*(r[1] for r in results)), key=lambda d: cases[d][0])
     for d in bad:
         i, c = cases[d]
-        again = "".join([f" --emu {args.emu}" if args.emu else ""] + [f" --trainer {t}" for t in args.trainer])
+        again = "".join([" --no-cpu-tests" if args.no_cpu_tests else ""]
+                        + [f" --cuda-test {args.cuda_test}" if args.cuda_test else ""]
+                        + [f" --trainer {t}" for t in args.trainer])
         print(f"FAIL case {i}: {describe(c)}\n  again: /usr/bin/python3 scripts/test_random_cases.py "
               f"--seed {args.seed} --only {i}{again} (folder {d})")
     if ok and not args.keep:
