@@ -18,16 +18,16 @@ makes exactly that case again. Each case draws
                gradient against PyTorch, then the losses of the run;
       adamw, offload, zenflow (the last most often: k from 0 to 1 with the values that select
                no column or every column of a small matrix, U 1..5 or auto, U_max 1..16,
-               S 0..10, W 0..3, overlap on or off), checked by test_zenflow: the columns of
-               every selection, auto U's windows and every loss against the reference of
-               the spec.
+               S 0..10, W 0..3 or the whole run, overlap on or off), checked by test_zenflow:
+               the columns of every selection, auto U's windows and every loss against the
+               reference of the spec.
 test_zenflow runs every zenflow case in both transports. With --cuda-test, the CUDA test
 (test_gpt2cu, built for the CPU emulator or for a GPU) checks every case too. With --trainer
 (the CPU trainer, the CUDA trainer: any binary with the trainers' flags), the trainer itself
 trains every case (a plain one as -zo adamw) three times, with the transport (-za), the
 transfers (-zp), a val loss and samples every few steps and the checkpoint interval drawn
 too: its logged losses must be the reference's (2e-5), the same bit for bit without the
-val losses, samples and checkpoints, and the run resumed from one of its checkpoints must
+val losses, samples and checkpoints and on another number of threads, and the run resumed from one of its checkpoints must
 end in the same model file, byte for byte (check_trainer). --no-cpu-tests leaves out
 test_gpt2cpu and test_zenflow (scripts/gpu_check.sh: the CUDA test and trainer on a GPU).
 The references come from scripts/gpt2_reference.py and scripts/zenflow_reference.py, as
@@ -93,7 +93,7 @@ def draw_case(seed, i):
     c["U"] = rng.choice([0, 0, 0, 1, 2, 3, 4, 5])  # 0: auto
     c["U_max"] = rng.choice([1, 2, 3, 5, 16])
     c["S"] = rng.choice([0, 1, 2, 3, 4, 5, 6, 8, 10])
-    c["W"] = rng.choice([0, 0, 1, 2, 3])
+    c["W"] = rng.choice([0, 0, 1, 2, 3, c["steps"]])  # (the last: a run that is all warm-up)
     c["overlap"] = rng.choice([0, 1])
     if c["mode"] == "adamw":
         c.update(k=1, U=1, S=0, W=0, overlap=0)
@@ -195,8 +195,9 @@ def check_trainer(trainer, d, c, seed, i):
     """Runs a trainer binary on case folder d three ways; returns (flags, problems).
     A: the case's run with flags drawn here (transport, transfers per layer or whole, a val
        loss and samples every few steps, checkpoints); its losses against the reference's.
-    C: the same run without evaluation, samples or checkpoints: the same losses, bit for bit
-       (none of them may change a number, spec 10).
+    C: the same run without evaluation, samples or checkpoints, and on another number of CPU
+       threads (OMP_NUM_THREADS 1 or 3): the same losses, bit for bit (none of these may change
+       a number: spec 10, and the trainers' fixed orders of summation).
     B: A resumed from one of its checkpoints before the end: the final model file
        byte-identical to A's, and the steps it ran logged with the same losses."""
     rng = random.Random(f"trainer {seed}:{i}")
@@ -210,15 +211,17 @@ def check_trainer(trainer, d, c, seed, i):
             "-c", repr(c["wd"]), "-f", "0", "-m", "2", "-g", "4", "-zo", mode, "-zk", repr(c["k"]),
             "-zu", "auto" if c["U"] == 0 else str(c["U"]), "-zx", str(c["U_max"]), "-zs", str(c["S"]),
             "-zw", str(c["W"]), "-zv", str(c["overlap"]), "-za", extra["-za"], "-zp", extra["-zp"]]
+    threads = rng.choice(["1", "3"])
     flags = " ".join(f"{k} {v}" for k, v in extra.items())
     A, B, C = (os.path.join(d, f"trainer_{x}") for x in "ABC")
     for path in (A, B, C):
         shutil.rmtree(path, ignore_errors=True)
 
-    def train(outdir, *more):
+    def train(outdir, *more, omp_threads=None):
+        env = dict(os.environ, OMP_NUM_THREADS=omp_threads) if omp_threads else None
         # (a tiny case trains in a second; 300 s means it hangs)
         p = subprocess.run(base + list(more) + ["-o", outdir], cwd=ROOT, capture_output=True, text=True,
-                           timeout=300)
+                           timeout=300, env=env)
         if p.returncode != 0:
             tail = (p.stderr.strip().splitlines() or ["(nothing on stderr)"])[-1]
             raise RuntimeError(f"{os.path.basename(outdir)} exited {p.returncode}: {tail}")
@@ -226,7 +229,7 @@ def check_trainer(trainer, d, c, seed, i):
     problems = []
     try:
         train(A, "-v", extra["-v"], "-s", extra["-s"], "-n", extra["-n"])
-        train(C, "-v", "0", "-s", "0", "-n", "0")
+        train(C, "-v", "0", "-s", "0", "-n", "0", omp_threads=threads)
         with open(os.path.join(d, "losses.txt")) as f:
             ref = [float(line.split()[1]) for line in f if not line.startswith("#")]
         la, lc = trainer_losses(A), trainer_losses(C)
@@ -237,7 +240,7 @@ def check_trainer(trainer, d, c, seed, i):
             if err > 2e-5:  # the bound of test_zenflow and test_gpt2cpu (main.log: 6 decimals)
                 problems.append(f"A's losses differ from the reference by {err:.2e} > 2e-5")
         if la != lc:
-            problems.append("evaluation, samples or checkpoints changed the losses (A != C)")
+            problems.append(f"evaluation, samples, checkpoints or {threads} CPU threads changed the losses (A != C)")
         every = int(extra["-n"])
         at = rng.choice(range(every, steps, every))
         os.makedirs(B)
@@ -309,7 +312,7 @@ def main():
                 failed.add(d)
                 print(f"FAIL {trainer} case {i} ({flags}): " + "; ".join(problems))
         print(f"{'PASS' if not failed else 'FAIL'} {trainer} on {len(cases)} cases: the reference's "
-              f"losses, the same with evaluation, samples and checkpoints, resumed bit for bit")
+              f"losses, the same with evaluation, samples, checkpoints and other thread counts, resumed bit for bit")
         results.append((not failed, failed))
     ok = all(r[0] for r in results)
     bad = sorted(set().union(*(r[1] for r in results)), key=lambda d: cases[d][0])
