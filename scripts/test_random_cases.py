@@ -11,8 +11,9 @@ test draws new ones, the edges included, and checks them with the same test prog
 Case i of seed S is drawn from its own generator (seeded with "S:i"), so `--seed S --only i`
 makes exactly that case again. Each case draws
   - a model: L 1..3, NH 1..4, head size 1..12 with C >= 4 (so C from 4 to 48, odd and below
-    a warp's 32 lanes too), V 2..300 (padded to Vp, a multiple of 128), maxT = T .. T + 10;
-  - a batch: B 1..4, T 1..24, a shard of random tokens with as little as one batch in it;
+    a warp's 32 lanes too), V 2..300 (padded to Vp, a multiple of 128; V = 128 and 256
+    often: no padding), maxT = T .. T + 10;
+  - a batch: B 1..4, T 1..24, a shard of random tokens, often exactly one batch (B*T + 1);
   - a run of 6..24 steps, lr 3e-4 or 1e-3, wd 0 or 0.1, and one of
       plain    AdamW, checked by test_gpt2cpu: the first step's logits, loss and every
                gradient against PyTorch, then the losses of the run;
@@ -80,14 +81,14 @@ def draw_case(seed, i):
     c = {}
     c["L"], c["NH"] = rng.randint(1, 3), rng.randint(1, 4)
     c["C"] = c["NH"] * rng.randint(-(-4 // c["NH"]), 12)  # C >= 4 (see above)
-    c["V"] = rng.randint(2, 300)
+    c["V"] = rng.choice([rng.randint(2, 300)] * 4 + [128, 256])  # (128, 256: no padding rows)
     c["B"], c["T"] = rng.randint(1, 4), rng.randint(1, 24)
     c["maxT"] = c["T"] + rng.randint(0, 10)
     c["steps"] = rng.randint(6, 24)
     c["lr"] = rng.choice([3e-4, 1e-3])  # (see above: why not larger)
     c["wd"] = rng.choice([0.0, 0.1])
     need = c["B"] * c["T"] + 1
-    c["tokens"] = rng.randint(need, max(need, 3 * need * c["steps"] // 2))
+    c["tokens"] = rng.choice([need] + [rng.randint(need, 3 * need * c["steps"] // 2)] * 4)
     c["model_seed"], c["data_seed"] = rng.randint(1, 10**6), rng.randint(1, 10**6)
     c["mode"] = rng.choice(["plain"] * 3 + ["adamw", "offload"] + ["zenflow"] * 7)
     # zenflow's settings (adamw and offload fix their own, spec 10)
