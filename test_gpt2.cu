@@ -297,11 +297,6 @@ static void test_zenflow_case(const char* dir) {
     printf("== zenflow case %s: %s k=%g U=%d S=%d W=%d overlap=%d, %d steps (TF32 off)\n", dir,
            zf_mode_names[c.z.mode], c.z.topk, c.z.update_interval, c.z.select_interval, c.z.warmup,
            c.z.overlap, c.s.steps);
-    char path[4096];
-    snprintf(path, sizeof(path), "%s/losses.txt", dir);
-    std::vector<float> ref = read_loss_file(path);
-    snprintf(path, sizeof(path), "%s/selections.txt", dir);
-    std::vector<Selection> ref_sel = read_selections(path);
     int transports = c.z.mode == ZF_MODE_ZENFLOW ? 2 : 1;
     std::vector<float> by_transport[2];
     for (int tr = 0; tr < transports; tr++) {
@@ -311,23 +306,7 @@ static void test_zenflow_case(const char* dir) {
         char sel_path[] = "/tmp/zf_gpu_selections_XXXXXX";
         make_temp_file(sel_path);
         ZfRun run = zf_run(dir, &c, z, -1, sel_path);
-        int tie_step = check_selections(read_selections(sel_path), ref_sel, ZF_NEAR_TIE, "    ",
-                                        "ZenFlow selections differ from the reference");
-        char ref_sel_path[4096];
-        snprintf(ref_sel_path, sizeof(ref_sel_path), "%s/selections.txt", dir);
-        check_windows(sel_path, ref_sel_path, tie_step, "    ");
-        remove(sel_path);
-        check(ref.size() == run.losses.size(), "the reference has a different number of steps");
-        double worst = 0.0;
-        int compared = 0;
-        for (size_t t = 0; t < ref.size() && t < run.losses.size() && (int)t <= tie_step; t++) {
-            double err = fabs((double)run.losses[t] - ref[t]);
-            if (!(err <= worst)) { worst = err; }
-            compared++;
-        }
-        printf("    losses: %d steps compared, first %.6f last %.6f, max |err| vs reference %.3e  %s\n", compared,
-               run.losses.front(), run.losses.back(), worst, worst <= 2e-5 ? "ok" : "FAIL");
-        check(worst <= 2e-5, "ZenFlow losses differ from the reference by more than 2e-5");
+        check_zf_against_reference(dir, sel_path, run.losses, ZF_NEAR_TIE, "    ");
         by_transport[tr] = run.losses;
     }
     if (transports == 2) {  // information: the transports round A differently (spec 7)

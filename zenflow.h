@@ -966,10 +966,9 @@ static inline void zf_step(ZenFlow* zf, int t, ZfAdamHyper hyper) {
     if (!closes) {
         if (auto_u) {
             // spec 6: this step's sums start now; zf_auto_decide reads them one step later
-            // (u is read only for matrices with CPU-owned columns: none, if the CPU owns nothing)
-            int gpu_acc = cfg->transport == ZF_ACC_GPU;
-            be->abs_sums(be->ctx, zf, zf->sum_sel, gpu_acc && cpu_work ? zf->sum_cpu : NULL);
-            zf->auto_job = !gpu_acc && background && cpu_work ? zf->stage_reader[stage] : zf_no_job;
+            // (CPU accumulation: the accumulation job, if any, sums |A| too)
+            be->abs_sums(be->ctx, zf, zf->sum_sel, cfg->transport == ZF_ACC_GPU ? zf->sum_cpu : NULL);
+            zf->auto_job = stage >= 0 && background ? zf->stage_reader[stage] : zf_no_job;
             zf->auto_pending = 1;
         }
         return;

@@ -8,7 +8,7 @@ dev/cuda/zenflow_async.cpp (CPU trainer) and test_gpt2.cu (CUDA trainer).
     read_zf_case (+ zenflow.txt "mode k U S W overlap [U_max]", U = 0: auto), read_losses / read_loss_file
     (losses.txt), read_selections (selections.txt, or a trainer's selection log);
   - compare_selections / check_selections: ZenFlow's column selections against the reference,
-    with the NEAR-TIE detection;
+    with the NEAR-TIE detection; check_zf_against_reference: a whole ZenFlow run against it;
   - bitwise_equal / same_run / report_same: the exact (bitwise) invariants.
 
 Plain C++17, host code only. Include it AFTER the trainer (dev/train_gpt2.cpp or
@@ -304,6 +304,33 @@ static inline int check_selections(const std::vector<Selection>& ours, const std
            events > 0 ? (int)ref.size() / events : 0, ok ? "identical" : "DIFFER");
     check(ok, what);
     return first_tie;
+}
+
+// A ZenFlow run against its case's reference (case dir `dir`): the selections of our log at
+// sel_path against selections.txt (near-ties within near_tie, see compare_selections), auto
+// U's windows, and the loss of every step up to the first near-tie (2e-5 absolute, the bound
+// of test_gpt2cpu's trajectory). Prints with `indent`; removes sel_path.
+static inline void check_zf_against_reference(const char* dir, const char* sel_path, const std::vector<float>& ours,
+                                              double near_tie, const char* indent) {
+    char ref_sel[4096], ref_losses[4096];
+    snprintf(ref_sel, sizeof(ref_sel), "%s/selections.txt", dir);
+    snprintf(ref_losses, sizeof(ref_losses), "%s/losses.txt", dir);
+    int tie_step = check_selections(read_selections(sel_path), read_selections(ref_sel), near_tie, indent,
+                                    "ZenFlow selections differ from the reference");
+    check_windows(sel_path, ref_sel, tie_step, indent);
+    remove(sel_path);
+    std::vector<float> ref = read_loss_file(ref_losses);
+    check(ref.size() == ours.size(), "the reference has a different number of steps");
+    double worst = 0.0;
+    int compared = 0;
+    for (size_t t = 0; t < ref.size() && t < ours.size() && (int)t <= tie_step; t++) {
+        double err = fabs((double)ours[t] - ref[t]);
+        if (!(err <= worst)) { worst = err; }
+        compared++;
+    }
+    printf("%slosses: %d steps compared, first %.6f last %.6f, max |err| vs reference %.3e  %s\n", indent, compared,
+           ours.front(), ours.back(), worst, worst <= 2e-5 ? "ok" : "FAIL");
+    check(worst <= 2e-5, "ZenFlow losses differ from the reference by more than 2e-5");
 }
 
 // ----------------------------------------------------------------------------

@@ -10,8 +10,9 @@ zenflow.txt ("mode k U S W overlap"), and the reference's losses.txt and selecti
 Every run trains as the trainer's main loop does, with its defaults: zf_before_backward
 zeroes the gradients, and the passes call the per-layer hooks (-zp 1, transfers per layer).
 1. Against the reference, per case (zenflow: in both transports, -za cpu and -za gpu): the
-   columns chosen at every selection (every matrix), and the loss of every step (2e-5 absolute, the bound of test_gpt2cpu, for the same
-   reason: the forward/backward sums differ in order, a few ulps).
+   columns chosen at every selection (every matrix), and the loss of every step (2e-5
+   absolute, the bound of test_gpt2cpu, for the same reason: the forward/backward sums
+   differ in order, a few ulps).
    Column scores come from two different summation orders, so where two scores sit within
    rounding of each other at the selection boundary the two sides may legitimately pick
    different columns. That case is detected and reported as NEAR-TIE with the scores; the
@@ -72,37 +73,18 @@ static void test_against_reference(const char* dir) {
     printf("== %s: %s k=%g U=%d S=%d W=%d overlap=%d, %d steps\n", dir,
            zf_mode_names[c.z.mode], c.z.topk, c.z.update_interval,
            c.z.select_interval, c.z.warmup, c.z.overlap, c.s.steps);
-    char path[4096], ref_sel[4096];
-    snprintf(path, sizeof(path), "%s/losses.txt", dir);
-    std::vector<float> ref = read_loss_file(path);
-    snprintf(ref_sel, sizeof(ref_sel), "%s/selections.txt", dir);
     // zenflow in both transports (spec 7; the CPU trainer has -za gpu too), each against the
     // reference; adamw and offload have no window to accumulate
     int transports = c.z.mode == ZF_MODE_ZENFLOW ? 2 : 1;
     for (int tr = 0; tr < transports; tr++) {
         ZfConfig z = c.z;
         z.transport = tr;
-        const char* indent = transports == 2 ? "    " : "  ";
         if (transports == 2) { printf("  -za %s\n", zf_transport_names[tr]); }
         char sel_path[] = "/tmp/zf_selections_XXXXXX";
         make_temp_file(sel_path);
         std::vector<float> ours = run(dir, &c, z, sel_path);
         // near-ties: reference scores within 1e-5 of the boundary score (see the top of this file)
-        int tie_step = check_selections(read_selections(sel_path), read_selections(ref_sel), 1e-5, indent,
-                                        "selections differ from the reference");
-        check_windows(sel_path, ref_sel, tie_step, indent);
-        remove(sel_path);
-        check(ref.size() == ours.size(), "reference has a different number of steps");
-        double worst = 0.0;
-        int compared = 0;
-        for (size_t t = 0; t < ref.size() && t < ours.size() && (int)t <= tie_step; t++) {
-            double err = fabs((double)ours[t] - ref[t]);
-            if (!(err <= worst)) { worst = err; }
-            compared++;
-        }
-        printf("%slosses: %d steps compared, first %.6f last %.6f, max |err| vs reference %.3e  %s\n", indent,
-               compared, ours.front(), ours.back(), worst, worst <= 2e-5 ? "ok" : "FAIL");
-        check(worst <= 2e-5, "losses differ from the reference by more than 2e-5");
+        check_zf_against_reference(dir, sel_path, ours, 1e-5, transports == 2 ? "    " : "  ");
     }
 }
 

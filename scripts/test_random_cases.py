@@ -59,6 +59,7 @@ windows fell on other steps than the spec's (the numbers did not change: no CPU 
 
 import argparse
 import contextlib
+import filecmp
 import io
 import os
 import random
@@ -183,11 +184,6 @@ def run_program(name, argv, dirs, log_dir):
     return True, set()
 
 
-def same_file(a, b):
-    with open(a, "rb") as fa, open(b, "rb") as fb:
-        return fa.read() == fb.read()
-
-
 def check_trainer(trainer, d, c, seed, i):
     """Runs a trainer binary on case folder d three ways; returns (flags, problems).
     A: the case's run with flags drawn here (transport, transfers per layer or whole, a val
@@ -238,7 +234,7 @@ def check_trainer(trainer, d, c, seed, i):
             if err > 2e-5:  # the bound of test_zenflow and test_gpt2cpu (main.log: 6 decimals)
                 problems.append(f"A's losses differ from the reference by {err:.2e} > 2e-5")
         final = f"model_{steps:08d}.bin"
-        if la != lc or not same_file(os.path.join(A, final), os.path.join(C, final)):
+        if la != lc or not filecmp.cmp(os.path.join(A, final), os.path.join(C, final), shallow=False):
             problems.append(f"evaluation, samples, checkpoints or {threads} CPU threads changed the "
                             f"losses or the final model (A != C)")
         every = int(extra["-n"])
@@ -248,7 +244,7 @@ def check_trainer(trainer, d, c, seed, i):
             shutil.copy(os.path.join(A, name), B)
         train(B, "-v", extra["-v"], "-s", extra["-s"], "-n", extra["-n"], "-y", "1")
         flags += f", resumed at step {at}"
-        if not same_file(os.path.join(A, final), os.path.join(B, final)):
+        if not filecmp.cmp(os.path.join(A, final), os.path.join(B, final), shallow=False):
             problems.append(f"resumed at step {at}: the final model differs from the uninterrupted run's")
         lb = trainer_losses(B)
         if sorted(lb) != list(range(at + 1, steps + 1)) or any(lb[t] != la.get(t) for t in lb):
@@ -325,8 +321,7 @@ def main():
         shutil.rmtree(root)
     elif ok:
         print(f"cases kept in {root}")
-    n_zf = len(zenflow)
-    print(f"random cases (seed {args.seed}): {len(cases)} cases ({len(plain)} plain, {n_zf} ZenFlow), "
+    print(f"random cases (seed {args.seed}): {len(cases)} cases ({len(plain)} plain, {len(zenflow)} ZenFlow), "
           f"{'all passed' if ok else 'FAILED'}")
     return 0 if ok else 1
 
