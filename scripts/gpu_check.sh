@@ -86,7 +86,7 @@ ARCH="-gencode arch=compute_90,code=sm_90"
 NVCCFLAGS="-O3 -std=c++17 -fmad=false $ARCH -Xcompiler -Wall -Xcompiler -ffp-contract=off -Xcompiler -fopenmp"
 LIBS="-lcublasLt -lcublas -lgomp -lpthread"
 CXX=${CXX:-g++}
-BUILD=build/gpu_check
+BUILD=${GPU_CHECK_BUILD:-build/gpu_check}  # dev/cuda/emu/rehearse_gpu_check.sh points this elsewhere
 mkdir -p "$BUILD"
 
 # ----------------------------------------------------------------------------
@@ -466,8 +466,8 @@ else
         --out "$BUILD/bench_llmc" --train "$TRAIN" --val "$VAL"
     rc=$?
     mkdir -p "$LOGDIR/bench_llmc_logs" && cp "$BUILD"/bench_llmc/logs/* "$LOGDIR/bench_llmc_logs/" 2>/dev/null
-    if grep -q "SKIPPED" "$LOGDIR/bench_llmc.log"; then
-        record "bench vs llm.c" SKIPPED "$(grep SKIPPED "$LOGDIR/bench_llmc.log" | tail -1)"
+    if grep -q "^bench_llmc.sh: SKIPPED" "$LOGDIR/bench_llmc.log"; then  # the script's own word only
+        record "bench vs llm.c" SKIPPED "$(grep "^bench_llmc.sh: SKIPPED" "$LOGDIR/bench_llmc.log" | tail -1)"
     elif [ ! -s "$BUILD/bench_llmc/results.txt" ]; then
         record "bench vs llm.c" FAIL "$(timeout_note $rc): $(tail -1 "$LOGDIR/bench_llmc.log")"
     else
@@ -511,8 +511,9 @@ else
             fi
         done <"$BUILD/bench_zenflow/results.txt"
     fi
-    if grep -q "SKIPPED" "$LOGDIR/bench_zenflow.log"; then
-        record "bench zenflow" SKIPPED "$(grep SKIPPED "$LOGDIR/bench_zenflow.log" | tail -1)"
+    # the script's own SKIPPED (no GPU), not a table row of a run left out of time
+    if grep -q "^bench_zenflow.sh: SKIPPED" "$LOGDIR/bench_zenflow.log"; then
+        record "bench zenflow" SKIPPED "$(grep "^bench_zenflow.sh: SKIPPED" "$LOGDIR/bench_zenflow.log" | tail -1)"
     elif [ $rc -ne 0 ]; then
         record "bench zenflow" FAIL "$(timeout_note $rc) (see bench_zenflow.log)"
     fi

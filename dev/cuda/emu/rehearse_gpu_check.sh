@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# Rehearses scripts/gpu_check.sh on the CPU emulator, every stage, so that a broken stage is
+# found before a GPU is lent (make test's dry run, row gpu_check_script, stops at the first
+# stage that needs a device, and a lent GPU has 15 minutes for everything):
+#
+#   make emu refs && bash dev/cuda/emu/rehearse_gpu_check.sh [<logdir>]   (~5 minutes on 2 cores)
+#
+# Stand-ins come first on the PATH:
+#   nvidia-smi  names one GPU, "CPU emulator rehearsal";
+#   nvcc        gives train_gpt2.cu, test_gpt2.cu and dev/cuda's programs their emulated builds
+#               (build/emu); llm.c's trainer becomes a program that exits 1 (llm.c's kernels
+#               are not emulated: its rows FAIL, as expected); other sources go to the real nvcc.
+# The trainer's stand-in shrinks the GPT-2-sized runs: d12..d36 (by name, or bench_zenflow.sh's
+# model files) become d2c64h2, d48 becomes d3c96h3, and every argument 1024 (T) becomes 32.
+# So every stage runs through the script's own code, its commands, timeouts, the parsing of
+# logs into rows, the tables and the --out archive; the numbers mean nothing (emulated times).
+# Exit status 0 when every row of the summary is PASS except: device (INFO), compute-sanitizer
+# (SKIPPED where it is not installed), bench vs llm.c (FAIL "llm.c-exit-1" rows, or SKIPPED
+# without build/llmc_ref), test refs vocab (absent when the vocab case exists already).
+set -u
+cd "$(dirname "$0")/../../.." || exit 2
+ROOT=$PWD
+LOGDIR=${1:-/tmp/gpu_check_rehearsal}
+for b in train_gpt2cu test_gpt2cu dev_cuda/zenflow; do
+    [ -x "build/emu/$b" ] || { echo "rehearse_gpu_check.sh: no build/emu/$b (hint: make emu refs)" >&2; exit 2; }
+done
+REAL_NVCC=$(command -v nvcc) || { echo "rehearse_gpu_check.sh: no nvcc (gpu_check.sh builds host code with it)" >&2; exit 2; }
+
+BIN=$(mktemp -d)
+trap 'rm -rf "$BIN"' EXIT
+cat >"$BIN/nvidia-smi" <<'EOF'
+#!/usr/bin/env bash
+case "$*" in
+    -L) echo "GPU 0: CPU emulator rehearsal (UUID: none)" ;;
+    *--query-gpu=name,*) echo "name, driver_version, memory.total [MiB], clocks.max.sm [MHz]"
+                         echo "CPU emulator rehearsal, none, 0 MiB, 0 MHz" ;;
+    *--query-gpu=name*) echo "CPU emulator rehearsal" ;;
+esac
+EOF
+cat >"$BIN/nvcc" <<EOF
+#!/usr/bin/env bash
+out="" src=""
+args=("\$@")
+for ((i = 0; i < \${#args[@]}; i++)); do
+    [ "\${args[i]}" = -o ] && out=\${args[i + 1]}
+    case \${args[i]} in *.cu) src=\${args[i]} ;; esac
+done
+name=\$(basename "\$src" .cu)
+if [ "\$src" = train_gpt2.cu ]; then
+    cat >"\$out" <<'EOS'
+#!/usr/bin/env bash
+a=()
+for x in "\$@"; do
+    case \$x in d12|d24|d36|*/d12.bin|*/d24.bin|*/d36.bin) x=d2c64h2 ;; d48|*/d48.bin) x=d3c96h3 ;; 1024) x=32 ;; esac
+    a+=("\$x")
+done
+exec $ROOT/build/emu/train_gpt2cu "\${a[@]}"
+EOS
+    chmod +x "\$out"
+elif [ "\$src" = test_gpt2.cu ]; then
+    cp $ROOT/build/emu/test_gpt2cu "\$out"
+elif [ "\$name" = train_gpt2_fp32 ]; then
+    printf '#!/bin/sh\necho "llm.c stand-in: llm.c runs only on a GPU"\nexit 1\n' >"\$out" && chmod +x "\$out"
+elif [ -n "\$src" ] && [ -x "$ROOT/build/emu/dev_cuda/\$name" ]; then
+    cp "$ROOT/build/emu/dev_cuda/\$name" "\$out"
+else
+    exec "$REAL_NVCC" "\$@"
+fi
+EOF
+chmod +x "$BIN/nvidia-smi" "$BIN/nvcc"
+
+# builds of its own (the stand-ins' output must never pass for nvcc's in build/gpu_check, nor
+# an earlier nvcc build for a stand-in's: dev/cuda's Makefile keeps what is up to date)
+BUILD_DIR=build/gpu_check_rehearsal
+rm -rf "$LOGDIR" "$LOGDIR.out" "$BUILD_DIR"
+# ZF_SKIP_BENCHMARKS: dev/cuda's programs validate only (emulated timings mean nothing)
+PATH="$BIN:$PATH" NVCC=nvcc GPU_CHECK_BUILD=$BUILD_DIR ZF_SKIP_BENCHMARKS=1 \
+    bash scripts/gpu_check.sh "$LOGDIR" --out "$LOGDIR.out"
+echo
+# the rows that are not PASS, each either expected here or a failure of the rehearsal
+awk -F'|' '
+    /^\| stage / { table = 1; next }   # the stage table: from its header to the first blank line
+    /^ *$/ { table = 0 }
+    table && $2 !~ /^-+$/ {
+        row = $2; st = $3; gsub(/^ +| +$/, "", row); gsub(/ /, "", st)
+        if (st == "PASS") { next }
+        if ((row == "device" && st == "INFO") ||
+            (row ~ /^compute-sanitizer/ && st == "SKIPPED") ||
+            (row ~ /^bench vs llm.c B=/ && st == "FAIL" && $4 ~ /llm.c-exit-1/) ||
+            (row == "bench vs llm.c" && st == "SKIPPED" && $4 ~ /no build\/llmc_ref/)) {
+            printf "expected here: %s %s\n", row, st; next
+        }
+        printf "REHEARSAL FAIL: %s %s:%s\n", row, st, $4; bad++
+    }
+    END { exit bad > 0 }' "$LOGDIR/summary.md"
+rc=$?
+[ -s "$LOGDIR.out/summary.md" ] && [ -s "$LOGDIR.out/gpu_check_logs.tar.gz" ] \
+    || { echo "REHEARSAL FAIL: --out has no summary.md and archive"; rc=1; }
+echo "rehearsal of gpu_check.sh: $([ $rc -eq 0 ] && echo "every stage ran as expected" || echo FAILED) (logs in $LOGDIR)"
+exit $rc
