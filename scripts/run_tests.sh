@@ -166,6 +166,9 @@ if [ -x ./test_gpt2cu ]; then
     run_test test_gpt2cu ./test_gpt2cu $REFS $ZF_REFS
     # zenflow.cuh's kernels' index math, run per thread on the CPU (no GPU needed)
     run_test zenflow_host ./build/cuda/zenflow_host
+    # every kernel's registers (ptxas) allow a block of 1024 threads on sm_80 and sm_90: a
+    # launch failure no compile and no emulator shows
+    run_test launch_resources "$PYTHON" scripts/check_launch_resources.py --nvcc "${NVCC:-nvcc}"
     if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
         run_test dev_cuda make -s -C dev/cuda run
     else
