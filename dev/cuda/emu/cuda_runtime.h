@@ -18,7 +18,8 @@ by dev/cuda/emu/cu2cpp.py, line for line). What it checks that a compile cannot:
     must lie in a live allocation of the right side (device or host; a kernel may also use
     host memory from cudaHostAlloc(..., cudaHostAllocMapped)); device memory and
     cudaHostAlloc's start as NaN (0xFF bytes), so reading what nobody wrote shows up in the
-    numbers;
+    numbers; pinning a range that overlaps pinned memory, or cudaHostUnregister on
+    cudaHostAlloc's, stops the program (a GPU returns an error);
   - stream order: EMU_SCHEDULE chooses when queued work runs:
       eager        each operation runs when the host issues it;
       lazy         nothing runs until the host waits for it (an event or stream sync, a
@@ -640,14 +641,16 @@ static inline int emu_in(const std::map<uintptr_t, size_t>& map, const void* p, 
     return a >= it->first && a + bytes <= it->first + it->second && a + bytes >= a;
 }
 static inline int emu_is_device(const void* p, size_t bytes) { return emu_in(emu_rt().device, p, bytes); }
-static inline int emu_touches_device(const void* p, size_t bytes) {
-    // any overlap with device memory (a host range must not)
+// whether [p, p + bytes) overlaps any range of `map`
+static inline int emu_overlaps(const std::map<uintptr_t, size_t>& map, const void* p, size_t bytes) {
     uintptr_t a = (uintptr_t)p;
-    auto it = emu_rt().device.upper_bound(a + (bytes ? bytes - 1 : 0));
-    if (it == emu_rt().device.begin()) { return 0; }
+    auto it = map.upper_bound(a + (bytes ? bytes - 1 : 0));
+    if (it == map.begin()) { return 0; }
     --it;
     return it->first + it->second > a;
 }
+// any overlap with device memory (a host range must not)
+static inline int emu_touches_device(const void* p, size_t bytes) { return emu_overlaps(emu_rt().device, p, bytes); }
 
 static inline cudaError_t cudaMalloc(void** ptr, size_t bytes) {
     EMU_LOCK;
@@ -687,15 +690,28 @@ static inline cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes
     return cudaSuccess;
 }
 
+// As the driver: 0 bytes is an invalid value, and a range that overlaps one already pinned
+// (registered, or from cudaHostAlloc) fails (cudaErrorHostMemoryAlreadyRegistered); here
+// that stops the program, since code that does it has lost track of its buffers. Ranges that
+// only share a page are fine, on a GPU too.
 static inline cudaError_t cudaHostRegister(void* p, size_t bytes, unsigned int) {
     EMU_LOCK;
+    if (bytes == 0) { return emu_error(cudaErrorInvalidValue); }
     if (emu_touches_device(p, bytes)) { emu_die("cudaHostRegister(%p): device memory", p); }
+    if (emu_overlaps(emu_rt().pinned, p, bytes)) {
+        emu_die("cudaHostRegister(%p, %zu): overlaps memory that is pinned already (a GPU answers "
+                "cudaErrorHostMemoryAlreadyRegistered)", p, bytes);
+    }
     emu_rt().pinned[(uintptr_t)p] = bytes;
     return cudaSuccess;
 }
 static inline cudaError_t cudaHostUnregister(void* p) {
     EMU_LOCK;
     emu_force_all();
+    if (emu_rt().host_alloc.count((uintptr_t)p)) {
+        emu_die("cudaHostUnregister(%p): memory from cudaHostAlloc, which cudaFreeHost frees (a GPU "
+                "answers invalid value)", p);
+    }
     if (emu_rt().pinned.erase((uintptr_t)p) != 1) { emu_die("cudaHostUnregister(%p): not registered", p); }
     return cudaSuccess;
 }
