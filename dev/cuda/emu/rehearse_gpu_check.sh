@@ -5,6 +5,8 @@
 #
 #   make emu refs && bash dev/cuda/emu/rehearse_gpu_check.sh [<logdir>]   (~5 minutes on 2 cores)
 #
+# (<logdir> defaults to /tmp/gpu_check_rehearsal; gpu_check.sh's --out goes to <logdir>.out)
+#
 # Stand-ins come first on the PATH:
 #   nvidia-smi  names one GPU, "CPU emulator rehearsal";
 #   nvcc        gives train_gpt2.cu, test_gpt2.cu and dev/cuda's programs their emulated builds
@@ -72,7 +74,9 @@ chmod +x "$BIN/nvidia-smi" "$BIN/nvcc"
 # builds of its own (the stand-ins' output must never pass for nvcc's in build/gpu_check, nor
 # an earlier nvcc build for a stand-in's: dev/cuda's Makefile keeps what is up to date)
 BUILD_DIR=build/gpu_check_rehearsal
-rm -rf "$LOGDIR" "$LOGDIR.out" "$BUILD_DIR"
+rm -rf "$BUILD_DIR"
+# (of <logdir> only what is checked below goes first, so that no stale copy can pass for it)
+rm -f "$LOGDIR/summary.md" "$LOGDIR.out/summary.md" "$LOGDIR.out/gpu_check_logs.tar.gz"
 # ZF_SKIP_BENCHMARKS: dev/cuda's programs validate only (emulated timings mean nothing)
 PATH="$BIN:$PATH" NVCC=nvcc GPU_CHECK_BUILD=$BUILD_DIR ZF_SKIP_BENCHMARKS=1 \
     bash scripts/gpu_check.sh "$LOGDIR" --out "$LOGDIR.out"
