@@ -161,10 +161,16 @@ timeout_note() {  # a note for a status
     echo "host: $(hostname)"
     if command -v nvidia-smi >/dev/null 2>&1; then
         nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv 2>&1
+        # the link ZenFlow's transfers take (a query of its own: an unknown field fails the query)
+        nvidia-smi --query-gpu=pcie.link.gen.current,pcie.link.gen.max,pcie.link.width.current,pcie.link.width.max \
+            --format=csv 2>&1
     else
         echo "nvidia-smi: not installed (no GPU driver here)"
     fi
     "$NVCC" --version 2>&1 | tail -2
+    # the host, whose cores and memory run ZenFlow's CPU side
+    echo "host CPU: $(nproc) cores online, $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo 2>/dev/null | head -1)"
+    echo "host memory: $(awk '/^MemTotal/ { printf "%.0f GiB", $2 / 1048576 }' /proc/meminfo 2>/dev/null)"
 } >"$LOGDIR/env.log" 2>&1
 DEVICE=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
 DEVICE=${DEVICE:-"no GPU found by nvidia-smi"}
