@@ -46,7 +46,7 @@ endif
 
 HEADERS = $(wildcard llmc/*.h) cpu_adam.h zenflow.h
 
-.PHONY: all test run data deps refs gpu_refs clean bench bench_zenflow bench_llmc cuda_dev fuzz emu
+.PHONY: all test run data deps refs gpu_refs gpu_rehearsal clean bench bench_zenflow bench_llmc cuda_dev fuzz emu
 all: $(CPU_BINS) $(CUDA_BINS)
 
 cpu_adam.o: cpu_adam.cpp cpu_adam.h
@@ -178,6 +178,10 @@ gpu_refs: refs
 	cp -r $(REF_DIR)/tiny $(REF_DIR)/zf_* build/gpu_refs/
 	cp $(REF_DIR)/vocab/train.bin build/gpu_refs/vocab/
 	(git describe --always --dirty --abbrev=7 2>/dev/null || echo "unknown (no git)") > build/gpu_refs/COMMIT
+# scripts/gpu_check.sh run through every stage on the CPU emulator, before a GPU is lent
+# (dev/cuda/emu/rehearse_gpu_check.sh; needs nvcc for the host code, ~5 minutes)
+gpu_rehearsal: emu refs
+	bash dev/cuda/emu/rehearse_gpu_check.sh
 $(REF_DIR)/.stamp: scripts/make_test_refs.sh scripts/gpt2_reference.py scripts/zenflow_reference.py
 	bash scripts/make_test_refs.sh $(REF_DIR)
 	touch $@

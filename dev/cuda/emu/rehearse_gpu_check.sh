@@ -3,7 +3,8 @@
 # found before a GPU is lent (make test's dry run, row gpu_check_script, stops at the first
 # stage that needs a device, and a lent GPU has 15 minutes for everything):
 #
-#   make emu refs && bash dev/cuda/emu/rehearse_gpu_check.sh [<logdir>]   (~5 minutes on 2 cores)
+#   make gpu_rehearsal, or: make emu refs && bash dev/cuda/emu/rehearse_gpu_check.sh [<logdir>]
+#   (~5 minutes on 2 cores)
 #
 # (<logdir> defaults to /tmp/gpu_check_rehearsal; gpu_check.sh's --out goes to <logdir>.out)
 #
