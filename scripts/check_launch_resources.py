@@ -94,14 +94,14 @@ def main():
         return 0
     rows = []
     for f in files:
-        rows += [(f, *r) for r in ptxas_report(a.nvcc, f, archs)]
+        rows += ptxas_report(a.nvcc, f, archs)
     if not rows:
         sys.exit("check_launch_resources.py: ptxas reported no kernels (did --resource-usage change its format?)")
-    names = demangle(sorted({r[2] for r in rows}))
+    names = demangle(sorted({r[1] for r in rows}))
     bad = 0
     seen = set()
     print(f"{'kernel':44s} {'sm':>3s} {'regs':>4s} {'block<=':>7s} {'smem':>6s} {'spill':>5s}")
-    for f, arch, name, regs, smem, spill in sorted(rows, key=lambda r: (names[r[2]], r[1])):
+    for arch, name, regs, smem, spill in sorted(rows, key=lambda r: (names[r[1]], r[0])):
         key = (name, arch)
         if key in seen:  # a header's kernel, again in another file
             continue
@@ -111,16 +111,16 @@ def main():
         print(f"{names[name][:44]:44s} {arch:>3s} {regs:4d} {block:7d} {smem:6d} {spill:5d}"
               + (f"   FAIL: {regs} registers: a block of more than {block} threads cannot launch" if too_many else ""))
         bad += too_many
-    kernels = len({r[2] for r in rows})
-    spilled = sorted({names[r[2]] for r in rows if r[5] > 0})
+    kernels = len({r[1] for r in rows})
+    spilled = sorted({names[r[1]] for r in rows if r[4] > 0})
     print(f"spills: {', '.join(spilled) if spilled else 'none'}")
     if bad:
         print(f"check_launch_resources: FAILED: {bad} kernel/architecture pair(s) over 64 registers (hint: fewer "
               f"live values per thread, or __launch_bounds__(block) and a smaller block)")
         return 1
     print(f"check_launch_resources: {kernels} kernels on sm_{', sm_'.join(archs)}: every one launches with "
-          f"1024 threads per block (at most {max(r[3] for r in rows)} registers, "
-          f"{max(r[4] for r in rows)} bytes of static shared memory)")
+          f"1024 threads per block (at most {max(r[2] for r in rows)} registers, "
+          f"{max(r[3] for r in rows)} bytes of static shared memory)")
     return 0
 
 

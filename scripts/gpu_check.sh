@@ -472,8 +472,9 @@ else
         --out "$BUILD/bench_llmc" --train "$TRAIN" --val "$VAL"
     rc=$?
     mkdir -p "$LOGDIR/bench_llmc_logs" && cp "$BUILD"/bench_llmc/logs/* "$LOGDIR/bench_llmc_logs/" 2>/dev/null
-    if grep -q "^bench_llmc.sh: SKIPPED" "$LOGDIR/bench_llmc.log"; then  # the script's own word only
-        record "bench vs llm.c" SKIPPED "$(grep "^bench_llmc.sh: SKIPPED" "$LOGDIR/bench_llmc.log" | tail -1)"
+    skipped=$(grep "^bench_llmc.sh: SKIPPED" "$LOGDIR/bench_llmc.log" | tail -1)  # the script's own word only
+    if [ -n "$skipped" ]; then
+        record "bench vs llm.c" SKIPPED "$skipped"
     elif [ ! -s "$BUILD/bench_llmc/results.txt" ]; then
         record "bench vs llm.c" FAIL "$(timeout_note $rc): $(tail -1 "$LOGDIR/bench_llmc.log")"
     else
@@ -518,8 +519,9 @@ else
         done <"$BUILD/bench_zenflow/results.txt"
     fi
     # the script's own SKIPPED (no GPU), not a table row of a run left out of time
-    if grep -q "^bench_zenflow.sh: SKIPPED" "$LOGDIR/bench_zenflow.log"; then
-        record "bench zenflow" SKIPPED "$(grep "^bench_zenflow.sh: SKIPPED" "$LOGDIR/bench_zenflow.log" | tail -1)"
+    skipped=$(grep "^bench_zenflow.sh: SKIPPED" "$LOGDIR/bench_zenflow.log" | tail -1)
+    if [ -n "$skipped" ]; then
+        record "bench zenflow" SKIPPED "$skipped"
     elif [ $rc -ne 0 ]; then
         record "bench zenflow" FAIL "$(timeout_note $rc) (see bench_zenflow.log)"
     fi

@@ -140,11 +140,11 @@ run_test emu_asan ./build/emu/test_gpt2cu_asan dev/test/ref/tiny
 # ThreadSanitizer: races between warps, blocks, streams and host threads, reported whatever
 # the numbers (compute-sanitizer's racecheck, roughly, plus the streams); about a minute
 run_test emu_races bash scripts/test_races.sh
-# every dev/cuda kernel validation against its CPU reference (benchmarks skipped)
 # shapes and ZenFlow settings drawn at random (the edges too), both trainers' code against
 # the PyTorch references with the tests above; a longer hunt: see the script's header
 run_test random_cases "$PYTHON" scripts/test_random_cases.py --count 24 --seed 1 --cuda-test build/emu/test_gpt2cu \
     --trainer ./train_gpt2cpu --trainer build/emu/train_gpt2cu
+# every dev/cuda kernel validation against its CPU reference (benchmarks skipped)
 run_test emu_dev_cuda bash -c 'for p in build/emu/dev_cuda/*; do ZF_SKIP_BENCHMARKS=1 "$p" || exit 1; done'
 run_test emu_trainers_agree "$PYTHON" scripts/test_trainers_agree.py ./train_gpt2cpu build/emu/train_gpt2cu dev/test/ref/tiny
 run_test emu_resume env EMU_SCHEDULE=lazy "$PYTHON" scripts/test_resume.py build/emu/train_gpt2cu dev/test/ref/tiny --kills 3

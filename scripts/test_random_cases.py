@@ -225,12 +225,12 @@ def check_trainer(trainer, d, c, seed, i):
         train(A, "-v", extra["-v"], "-s", extra["-s"], "-n", extra["-n"])
         train(C, "-v", "0", "-s", "0", "-n", str(steps), omp_threads=threads)
         with open(os.path.join(d, "losses.txt")) as f:
-            ref = [float(line.split()[1]) for line in f if not line.startswith("#")]
+            want = [float(line.split()[1]) for line in f if not line.startswith("#")]
         la, lc = trainer_losses(A), trainer_losses(C)
         if sorted(la) != list(range(1, steps + 1)):
             problems.append(f"A logged steps {sorted(la)}")
         else:
-            err = max(abs(float(la[t + 1]) - ref[t]) for t in range(steps))
+            err = max(abs(float(la[t + 1]) - want[t]) for t in range(steps))
             if err > 2e-5:  # the bound of test_zenflow and test_gpt2cpu (main.log: 6 decimals)
                 problems.append(f"A's losses differ from the reference by {err:.2e} > 2e-5")
         final = f"model_{steps:08d}.bin"
