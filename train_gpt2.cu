@@ -619,7 +619,7 @@ int main(int argc, char* argv[]) {
     }
 
     ZfAdamHyper hyper = {lr, 0.9f, 0.95f, 1e-8f, weight_decay};
-    uint64_t rng = (uint64_t)seed * 0x9E3779B97F4A7C15ull + 7;
+    uint64_t rng = (uint64_t)seed;  // the sampler's state, as in llm.c (dev/train_gpt2.cpp says why)
     float* host_params = NULL;  // for checkpoints
     if (start_step >= 0) {
         read_checkpoint_state(output_dir, start_step, &zf, &train_loader, &rng);

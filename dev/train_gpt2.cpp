@@ -1050,7 +1050,9 @@ int main(int argc, char* argv[]) {
         trace_open(args.trace_path, args.trace_first, args.trace_first + args.trace_steps - 1);
     }
     FILE* scores_file = args.scores_path != NULL ? scores_open(args.scores_path, &zf) : NULL;
-    uint64_t rng = (uint64_t)seed * 0x9E3779B97F4A7C15ull + 7;
+    // the sampler's xorshift state is the seed itself, as in llm.c (whose trainers start it at
+    // 1337): the same model file samples the same text here and in llm.c
+    uint64_t rng = (uint64_t)seed;
     if (start_step >= 0) {
         read_checkpoint_state(output_dir, start_step, &zf, &train_loader, &rng);
         printf("resumed from the checkpoint of step %d in %s\n", start_step, output_dir);

@@ -54,7 +54,7 @@ static inline void train_args_usage(const char* program) {
             "  -g <int>    tokens to generate (default 64)\n"
             "  -n <int>    write a checkpoint (model + state) into -o every this many steps, 0 = never\n"
             "  -y <0|1>    resume from the newest checkpoint in -o (default 0)\n"
-            "  -r <int>    random seed for init and sampling (default 1337)\n"
+            "  -r <int>    random seed for init and sampling, >= 1 (default 1337, llm.c's sampler seed)\n"
             "  -f <0|1>    TF32 tensor cores for the matmuls (CUDA trainer; default 1; the CPU trainer ignores it)\n"
             "ZenFlow (docs/zenflow_spec.md):\n"
             "  -zo <string> optimizer mode: adamw | offload | zenflow (default zenflow)\n"
@@ -172,7 +172,7 @@ static inline void train_args_parse(TrainArgs* a, int argc, char* argv[]) {
             case 'g': a->gen_tokens = (int)zf_parse_int(flag, val, 1, 1 << 20); break;
             case 'n': a->checkpoint_every = (int)zf_parse_int(flag, val, 0, 1 << 30); break;
             case 'y': a->resume = (int)zf_parse_int(flag, val, 0, 1); break;
-            case 'r': a->seed = zf_parse_int(flag, val, 0, 1L << 62); break;
+            case 'r': a->seed = zf_parse_int(flag, val, 1, 1L << 62); break;  // (a xorshift state of 0 stays 0)
             case 'f': a->use_tf32 = (int)zf_parse_int(flag, val, 0, 1); break;
             default: zf_fail("unknown flag %s (hint: -h lists the flags)", flag);
         }

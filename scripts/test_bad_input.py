@@ -97,6 +97,7 @@ def main():
             ("B not a number", ["-b", "4x"], "-b"),
             ("negative lr", ["-l", "-1"], "-l"),
             ("lr not a number", ["-l", "nan"], "-l"),
+            ("seed 0 (the sampler's xorshift state would stay 0)", ["-r", "0"], "-r"),
             ("-zp out of range", ["-zp", "2"], "-zp"),
             ("-zu neither a number nor auto", ["-zu", "often"], "-zu"),
             ("-zx out of range", ["-zu", "auto", "-zx", "0"], "-zx"),

@@ -73,7 +73,7 @@ class Rng:
     """llmc/utils.h's zf_random_u32 / zf_random_f32 (xorshift*), state seeded as the trainers do"""
 
     def __init__(self, seed):
-        self.state = (seed * 0x9E3779B97F4A7C15 + 7) & MASK64
+        self.state = seed & MASK64  # the seed itself, as llm.c seeds its sampler
 
     def f32(self):
         s = self.state
