@@ -247,6 +247,9 @@ MUTANTS = [
      "the GPU trainer samples from the row after the prefix's last (stale logits)", ["eval"]),
     ("S3", "llmc/checkpoint.h", "    *rng = words[1];", "    (void)words[1];",
      "checkpoint: a resumed run restarts the sampling generator from its seed", ["eval"]),
+    ("S4", "dev/train_gpt2.cpp", "    uint64_t rng = (uint64_t)seed;",
+     "    uint64_t rng = (uint64_t)seed * 0x9E3779B97F4A7C15ull + 7;",
+     "the sampler's state is not the seed, as in llm.c (the samples draw other coins)", ["eval"]),
 ]
 
 
