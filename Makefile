@@ -46,7 +46,7 @@ endif
 
 HEADERS = $(wildcard llmc/*.h) cpu_adam.h zenflow.h
 
-.PHONY: all test run data deps refs gpu_refs gpu_rehearsal clean bench bench_zenflow bench_llmc cuda_dev fuzz emu
+.PHONY: all test run data deps refs gpu_refs gpu_rehearsal clean bench bench_zenflow bench_llmc llmc_cpu cuda_dev fuzz emu
 all: $(CPU_BINS) $(CUDA_BINS)
 
 cpu_adam.o: cpu_adam.cpp cpu_adam.h
@@ -198,8 +198,15 @@ bench_zenflow: train_gpt2cu
 
 # ours against llm.c's fp32 trainer, side by side (needs a GPU; llm.c is fetched into build/)
 bench_llmc: train_gpt2cu
-	@[ -f build/llmc_ref/train_gpt2_fp32.cu ] || bash scripts/get_llmc.sh
+	@[ -f build/llmc_ref/train_gpt2_fp32.cu ] || bash scripts/get_llmc.sh $(LLMC_GIT)
 	bash scripts/bench_llmc.sh
+
+# llm.c's own CPU programs on our files and against our trainer (no GPU; llm.c is fetched
+# into build/, or taken from a local clone: make llmc_cpu LLMC_GIT=path; also a row of
+# make test when it is there)
+llmc_cpu: deps data refs train_gpt2cpu
+	@[ -f build/llmc_ref/train_gpt2.c ] || bash scripts/get_llmc.sh $(LLMC_GIT)
+	$(PYTHON) scripts/test_llmc_cpu.py
 
 # cpu_adam vs torch.optim.AdamW vs the memory-bandwidth limit, one table
 bench: deps bench_cpu_adam

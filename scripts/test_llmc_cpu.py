@@ -6,8 +6,8 @@ scripts/get_llmc.sh pins), built here with gcc, read the files we write and trai
 
     /usr/bin/python3 scripts/test_llmc_cpu.py [--llmc build/llmc_ref] [--ours ./train_gpt2cpu]
 
-Without llm.c's source (bash scripts/get_llmc.sh [GIT_DIR] puts it in build/llmc_ref) it
-says SKIPPED: CI has no network, so there this check cannot run.
+Without llm.c's source in build/llmc_ref (`make llmc_cpu` fetches it and runs this; or bash
+scripts/get_llmc.sh [GIT_DIR]) it says SKIPPED: CI has no network, so this cannot run there.
 
 1. llm.c's test_gpt2.c on the `tiny` (V = 97, padded to 128) and `vocab` (GPT-2's real
    vocabulary) cases of dev/test/ref: it reads the model file and the debug-state file
@@ -134,7 +134,8 @@ def main():
     os.chdir(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
     src = os.path.abspath(args.llmc)
     if not all(os.path.isfile(os.path.join(src, f)) for f in ("train_gpt2.c", "test_gpt2.c", "llmc/utils.h")):
-        print(f"SKIPPED (no llm.c source in {args.llmc}: bash scripts/get_llmc.sh [GIT_DIR] fetches it)")
+        print(f"SKIPPED (no llm.c source in {args.llmc}: make llmc_cpu, or bash scripts/get_llmc.sh, "
+              "fetches it)")
         return 0
     needed = [f"{c}/{f}" for c in TEST_CASES for f in ("model.bin", "state.bin")]
     for f in [args.ours, TOKENIZER, TRAIN_SHARD, VAL_SHARD] + needed:
