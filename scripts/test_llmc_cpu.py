@@ -38,6 +38,11 @@ scripts/get_llmc.sh [GIT_DIR]) it says SKIPPED: CI has no network, so this canno
    equal up to the first token that differs, and that one must be our token's id +- 1.
    Our run prints token ids (no tokenizer: llm.c's cannot run without one), which are
    decoded here with data/gpt2_tokenizer.bin as llm.c's safe_printf prints them.
+3. llm.c reads the model file our trainer writes: our run checkpoints at its last step
+   (-n 40), and a program of ours built on llm.c's train_gpt2.c (its functions, as
+   test_gpt2.c uses them) loads that file with llm.c's gpt2_build_from_checkpoint and
+   computes the val loss of the same 5 batches with llm.c's loader and forward pass. It must
+   be the one our run printed at step 40, within 3e-6 (the same weights, the same sums).
 
 Builds with -O2 (IEEE fp32; llm.c's Makefile uses -Ofast, whose reassociation would make a
 comparison to the last digit meaningless). About two minutes here, most of it llm.c's run.
@@ -55,6 +60,27 @@ import numpy as np
 B, T, STEPS, VAL_EVERY, VAL_BATCHES, SAMPLE_EVERY, GEN = 4, 64, 40, 10, 5, 20, 63
 UPDATE_LLMC = "gpt2_update(&model, 1e-4f, 0.9f, 0.999f, 1e-8f, 0.0f, step+1);"
 UPDATE_OURS = "gpt2_update(&model, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.0f, step+1);"
+# part 3: the val loss of a model file, with llm.c's reader, loader and forward pass
+VAL_LOSS_C = r'''
+#define TESTING
+#include "train_gpt2.c"
+int main(int argc, char** argv) {  // val_loss <model file> <val shard> <B> <T> <batches>
+    if (argc != 6) { return 2; }
+    int B = atoi(argv[3]), T = atoi(argv[4]), batches = atoi(argv[5]);
+    GPT2 model;
+    gpt2_build_from_checkpoint(&model, argv[1]);
+    DataLoader loader;
+    dataloader_init(&loader, argv[2], B, T, 0, 1, 0);
+    float val_loss = 0.0f;
+    for (int i = 0; i < batches; i++) {
+        dataloader_next_batch(&loader);
+        gpt2_forward(&model, loader.inputs, loader.targets, B, T);
+        val_loss += model.mean_loss;
+    }
+    printf("val loss %f\n", val_loss / batches);
+    return 0;
+}
+'''
 CASE = "dev/test/ref/vocab"  # the model of part 2
 TEST_CASES = ("dev/test/ref/tiny", CASE)
 TOKENIZER = "data/gpt2_tokenizer.bin"
@@ -151,10 +177,12 @@ def main():
         if text.count(UPDATE_LLMC) != 1:
             fail(f"llm.c's train_gpt2.c has no single line {UPDATE_LLMC!r} (not the pinned commit?)")
         open(os.path.join(tmp, "train_gpt2.c"), "w").write(text.replace(UPDATE_LLMC, UPDATE_OURS))
-        for prog in ("test_gpt2", "train_gpt2"):
+        open(os.path.join(tmp, "val_loss.c"), "w").write(VAL_LOSS_C)
+        for prog in ("test_gpt2", "train_gpt2", "val_loss"):
             run(["gcc", "-O2", "-fopenmp", "-DOMP", "-Wno-unused-result", "-o", prog, prog + ".c", "-lm"],
                 tmp, f"gcc {prog}.c")
-        print(f"llm.c {commit}: test_gpt2.c and train_gpt2.c built with gcc -O2 (beta2 0.95 in train_gpt2.c)")
+        print(f"llm.c {commit}: test_gpt2.c, train_gpt2.c (beta2 0.95) and val_loss.c (ours, on train_gpt2.c) "
+              "built with gcc -O2")
 
         # 1. test_gpt2.c on our reference files (it reads them from its working directory)
         for case in TEST_CASES:
@@ -196,7 +224,8 @@ def main():
                            "-j", "dev/data/tinyshakespeare/tiny_shakespeare_val.bin", "-k", "no_tokenizer.bin",
                            "-b", str(B), "-t", str(T), "-x", str(STEPS), "-l", "1e-4", "-c", "0",
                            "-v", str(VAL_EVERY), "-m", str(VAL_BATCHES), "-s", str(SAMPLE_EVERY),
-                           "-g", str(GEN), "-r", "1337", "-zo", "adamw"], run_dir, "our trainer")
+                           "-g", str(GEN), "-r", "1337", "-zo", "adamw", "-n", str(STEPS), "-o", "out"],
+                          run_dir, "our trainer")
         # llm.c: "val loss %f" before the step of that number, "step %d: train loss %f" for steps 0..40
         val_llmc = [float(x) for x in re.findall(r"^val loss (\S+)$", out_llmc, re.M)]
         train_llmc = [float(x) for x in re.findall(r"^step \d+: train loss (\S+) ", out_llmc, re.M)]
@@ -231,6 +260,16 @@ def main():
             equal, verdict = compare_sample(ours_ids, text, pieces)
             check("not a neighbour" not in verdict and "printed more" not in verdict and equal >= 1,
                   f"sample at step {step}: {verdict}")
+
+        # 3. our checkpoint through llm.c's reader
+        model_file = os.path.join(run_dir, "out", f"model_{STEPS:08d}.bin")
+        _, out = run([os.path.join(tmp, "val_loss"), model_file, "dev/data/tinyshakespeare/tiny_shakespeare_val.bin",
+                      str(B), str(T), str(VAL_BATCHES)], run_dir, "llm.c's reader on our checkpoint")
+        m = re.search(r"^val loss (\S+)$", out, re.M)
+        got = float(m.group(1)) if m else float("nan")
+        want = val_ours[-1] if val_ours else float("nan")
+        check(abs(got - want) <= TOL_RUN, f"llm.c on our checkpoint {os.path.basename(model_file)}: val loss "
+              f"{got:.6f}, ours at step {STEPS} {want:.6f} (within {TOL_RUN:g})")
     if failures:
         print(f"llmc_cpu: FAIL ({len(failures)} checks)")
         return 1
