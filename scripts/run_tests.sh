@@ -159,8 +159,10 @@ run_test trace_cpu "$PYTHON" scripts/test_trace.py ./train_gpt2cpu dev/test/ref/
 run_test eval_cpu "$PYTHON" scripts/test_eval.py ./train_gpt2cpu dev/test/ref/tiny
 run_test emu_eval "$PYTHON" scripts/test_eval.py build/emu/train_gpt2cu dev/test/ref/tiny
 # llm.c's own test_gpt2.c and train_gpt2.c read our files and train as ours (SKIPPED without
-# llm.c's source in build/llmc_ref, as in CI, which has no network; make llmc_cpu fetches it)
+# llm.c's source in build/llmc_ref, as in CI, which has no network; make llmc_cpu fetches it);
+# the second with the CUDA trainer on the emulator
 run_test llmc_cpu "$PYTHON" scripts/test_llmc_cpu.py
+run_test emu_llmc_cpu "$PYTHON" scripts/test_llmc_cpu.py --ours build/emu/train_gpt2cu --cuda
 run_test failures_cpu "$PYTHON" scripts/test_failures.py ./train_gpt2cpu dev/test/ref/tiny
 run_test emu_failures "$PYTHON" scripts/test_failures.py build/emu/train_gpt2cu dev/test/ref/tiny --steps 30
 
