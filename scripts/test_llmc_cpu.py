@@ -63,11 +63,12 @@ import subprocess
 import sys
 import tempfile
 
-import numpy as np
+import bpe  # scripts/: the tokenizer file's reader
+import data_files  # scripts/: the token shards' reader and writer
 
 B, T, STEPS, VAL_EVERY, VAL_BATCHES, SAMPLE_EVERY, GEN = 4, 64, 40, 10, 5, 20, 63
 UPDATE_LLMC = "gpt2_update(&model, 1e-4f, 0.9f, 0.999f, 1e-8f, 0.0f, step+1);"
-UPDATE_OURS = "gpt2_update(&model, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.0f, step+1);"
+UPDATE_OURS = UPDATE_LLMC.replace("0.999f", "0.95f")  # beta2: our spec's default
 # part 3: the val loss of a model file, with llm.c's reader, loader and forward pass
 VAL_LOSS_C = r'''
 #define TESTING
@@ -119,18 +120,6 @@ def check(ok, what):
     if not ok:
         failures.append(what)
     print(f"{'ok  ' if ok else 'FAIL'}  {what}")
-
-
-def tokenizer_pieces(path):
-    """the byte strings of every token (llm.c's tokenizer format, docs/formats.md)"""
-    data = open(path, "rb").read()
-    header = np.frombuffer(data[:1024], dtype=np.int32)
-    pieces, off = [], 1024
-    for _ in range(int(header[2])):
-        n = data[off]
-        pieces.append(data[off + 1: off + 1 + n])
-        off += 1 + n
-    return pieces
 
 
 def safe_piece(piece):
@@ -220,11 +209,8 @@ def main():
         run_dir = os.path.join(tmp, "run")
         data_dir = os.path.join(run_dir, "dev/data/tinyshakespeare")
         os.makedirs(data_dir)
-        shard = np.fromfile(TRAIN_SHARD, dtype=np.uint16)
-        header = shard[:512].view(np.int32).copy()
-        header[2] = B * T + 1
-        with open(os.path.join(data_dir, "tiny_shakespeare_train.bin"), "wb") as f:
-            f.write(header.tobytes() + shard[512:512 + B * T + 1].tobytes())
+        data_files.write_shard(os.path.join(data_dir, "tiny_shakespeare_train.bin"),
+                               data_files.read_shard(TRAIN_SHARD)[:B * T + 1])
         os.symlink(os.path.abspath(VAL_SHARD), os.path.join(data_dir, "tiny_shakespeare_val.bin"))
         os.symlink(os.path.abspath(f"{CASE}/model.bin"), os.path.join(run_dir, "gpt2_124M.bin"))
         os.symlink(os.path.abspath(TOKENIZER), os.path.join(run_dir, "gpt2_tokenizer.bin"))
@@ -260,7 +246,7 @@ def main():
         check(worst_train <= tol,
               f"train losses of steps 1..40: largest difference {worst_train:.2g} (<= {tol:g})")
 
-        pieces = tokenizer_pieces(TOKENIZER)
+        _, pieces = bpe.read_tokenizer_bin(TOKENIZER)
         samples_llmc = re.findall(rb"generating:\n---\n(.*?)\n---\n", raw, re.S)
         samples_ours = [[int(t) for t in re.findall(r"<(\d+)>", s)]
                         for s in re.findall(r"generating:\n---\n(.*?)\n---\n", out_ours, re.S)]
