@@ -46,7 +46,7 @@ endif
 
 HEADERS = $(wildcard llmc/*.h) cpu_adam.h zenflow.h
 
-.PHONY: all test run data deps refs gpu_refs gpu_rehearsal clean bench bench_zenflow bench_llmc llmc_cpu cuda_dev fuzz emu
+.PHONY: all test run data deps refs gpu_refs gpu_rehearsal clean bench bench_zenflow bench_llmc llmc_cpu bench_llmc_cpu cuda_dev fuzz emu
 all: $(CPU_BINS) $(CUDA_BINS)
 
 cpu_adam.o: cpu_adam.cpp cpu_adam.h
@@ -207,6 +207,11 @@ bench_llmc: train_gpt2cu
 llmc_cpu: deps data refs train_gpt2cpu
 	@[ -f build/llmc_ref/train_gpt2.c ] || bash scripts/get_llmc.sh $(LLMC_GIT)
 	$(PYTHON) scripts/test_llmc_cpu.py
+
+# our CPU trainer against llm.c's train_gpt2.c, ms/step side by side (no GPU; llm.c as above)
+bench_llmc_cpu: deps data train_gpt2cpu
+	@[ -f build/llmc_ref/train_gpt2.c ] || bash scripts/get_llmc.sh $(LLMC_GIT)
+	$(PYTHON) scripts/bench_llmc_cpu.py
 
 # cpu_adam vs torch.optim.AdamW vs the memory-bandwidth limit, one table
 bench: deps bench_cpu_adam

@@ -53,7 +53,9 @@ grow over the steps. Measured on the emulator: 2e-6 (val), 3e-6 (train); a real 
 not run it yet. (The CPU trainer ignores -f.)
 
 Builds with -O2 (IEEE fp32; llm.c's Makefile uses -Ofast, whose reassociation would make a
-comparison to the last digit meaningless). About a minute here, most of it llm.c's run.
+comparison to the last digit meaningless: scripts/bench_llmc_cpu.py, which builds it so,
+measured its losses up to 1.7e-5 from ours in 10 steps of d12). About a minute here, most
+of it llm.c's run.
 """
 import argparse
 import os
@@ -150,6 +152,67 @@ def compare_sample(ours_ids, llmc_text, pieces):
     return True, f"all {len(ours_ids)} tokens equal"
 
 
+# ----------------------------------------------------------------------------
+# llm.c's train_gpt2.c beside ours (scripts/bench_llmc_cpu.py uses these too)
+
+LLMC_LOOP = "for (int step = 0; step <= 40; step++) {"
+
+
+def copy_llmc(src, tmp, steps=STEPS):
+    """llm.c's headers, test_gpt2.c and train_gpt2.c into tmp (train_gpt2.c includes "llmc/..."),
+    train_gpt2.c with beta2 = 0.95 and its loop over steps 0..`steps` (40 in llm.c). It trains
+    in every iteration, so one step more than ours with -x steps; its val loss at step s is
+    printed before that step's update, so after s updates, as ours is."""
+    shutil.copytree(os.path.join(src, "llmc"), os.path.join(tmp, "llmc"))
+    shutil.copy(os.path.join(src, "test_gpt2.c"), tmp)
+    text = open(os.path.join(src, "train_gpt2.c")).read()
+    for line in (UPDATE_LLMC, LLMC_LOOP):
+        if text.count(line) != 1:
+            fail(f"llm.c's train_gpt2.c has no single line {line!r} (not the pinned commit?)")
+    text = text.replace(UPDATE_LLMC, UPDATE_OURS).replace(LLMC_LOOP, LLMC_LOOP.replace("40", str(steps)))
+    open(os.path.join(tmp, "train_gpt2.c"), "w").write(text)
+
+
+def make_run_dir(tmp, model):
+    """the working directory llm.c's train_gpt2 expects: the model as gpt2_124M.bin, our
+    tokenizer, our val shard, and a train shard of exactly one batch (llm.c shuffles the
+    batches, we read them in order: with one batch both train on the same tokens)"""
+    run_dir = os.path.join(tmp, "run")
+    data_dir = os.path.join(run_dir, "dev/data/tinyshakespeare")
+    os.makedirs(data_dir)
+    data_files.write_shard(os.path.join(data_dir, "tiny_shakespeare_train.bin"),
+                           data_files.read_shard(TRAIN_SHARD)[:B * T + 1])
+    os.symlink(os.path.abspath(VAL_SHARD), os.path.join(data_dir, "tiny_shakespeare_val.bin"))
+    os.symlink(os.path.abspath(model), os.path.join(run_dir, "gpt2_124M.bin"))
+    os.symlink(os.path.abspath(TOKENIZER), os.path.join(run_dir, "gpt2_tokenizer.bin"))
+    return run_dir
+
+
+def our_command(ours, steps, extra):
+    """our trainer in make_run_dir's directory, with llm.c's settings (no tokenizer: token ids)"""
+    return [os.path.abspath(ours), "-e", "gpt2_124M.bin",
+            "-i", "dev/data/tinyshakespeare/tiny_shakespeare_train.bin",
+            "-j", "dev/data/tinyshakespeare/tiny_shakespeare_val.bin", "-k", "no_tokenizer.bin",
+            "-b", str(B), "-t", str(T), "-x", str(steps), "-l", "1e-4", "-c", "0",
+            "-v", str(VAL_EVERY), "-m", str(VAL_BATCHES), "-zo", "adamw"] + extra
+
+
+def parse_llmc(out):
+    """(val losses, train losses, ms per step) of llm.c's train_gpt2: "val loss %f" before the
+    step of that number, "step %d: train loss %f (took %f ms)" for steps 0, 1, .."""
+    steps = re.findall(r"^step \d+: train loss (\S+) \(took (\S+) ms\)$", out, re.M)
+    return ([float(x) for x in re.findall(r"^val loss (\S+)$", out, re.M)],
+            [float(loss) for loss, _ in steps], [float(ms) for _, ms in steps])
+
+
+def parse_ours(out):
+    """(val losses, train losses, ms per step) of our trainer: "step s/N | val loss %f" after
+    s steps, "step s/N | loss %f | %.1f ms" for steps 1..N"""
+    steps = re.findall(r"^step \d+/\d+ \| loss (\S+) \| (\S+) ms", out, re.M)
+    return ([float(x) for x in re.findall(r"^step \d+/\d+ \| val loss (\S+)$", out, re.M)],
+            [float(loss) for loss, _ in steps], [float(ms) for _, ms in steps])
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--llmc", default="build/llmc_ref", help="llm.c's source at the pinned commit")
@@ -169,13 +232,7 @@ def main():
     commit_file = os.path.join(src, "COMMIT")
     commit = open(commit_file).read().strip()[:7] if os.path.isfile(commit_file) else "?"
     with tempfile.TemporaryDirectory() as tmp:
-        # llm.c's programs, built beside its headers (train_gpt2.c includes "llmc/...")
-        shutil.copytree(os.path.join(src, "llmc"), os.path.join(tmp, "llmc"))
-        shutil.copy(os.path.join(src, "test_gpt2.c"), tmp)
-        text = open(os.path.join(src, "train_gpt2.c")).read()
-        if text.count(UPDATE_LLMC) != 1:
-            fail(f"llm.c's train_gpt2.c has no single line {UPDATE_LLMC!r} (not the pinned commit?)")
-        open(os.path.join(tmp, "train_gpt2.c"), "w").write(text.replace(UPDATE_LLMC, UPDATE_OURS))
+        copy_llmc(src, tmp)
         open(os.path.join(tmp, "val_loss.c"), "w").write(VAL_LOSS_C)
         for prog in ("test_gpt2", "train_gpt2", "val_loss"):
             run(["gcc", "-O2", "-fopenmp", "-DOMP", "-Wno-unused-result", "-o", prog, prog + ".c", "-lm"],
@@ -206,29 +263,14 @@ def main():
                   f"(llm.c: <= 2e-2, ours: <= {TOL_GRAD:g})")
 
         # 2. train_gpt2.c and ours: one batch of training data, our val shard
-        run_dir = os.path.join(tmp, "run")
-        data_dir = os.path.join(run_dir, "dev/data/tinyshakespeare")
-        os.makedirs(data_dir)
-        data_files.write_shard(os.path.join(data_dir, "tiny_shakespeare_train.bin"),
-                               data_files.read_shard(TRAIN_SHARD)[:B * T + 1])
-        os.symlink(os.path.abspath(VAL_SHARD), os.path.join(data_dir, "tiny_shakespeare_val.bin"))
-        os.symlink(os.path.abspath(f"{CASE}/model.bin"), os.path.join(run_dir, "gpt2_124M.bin"))
-        os.symlink(os.path.abspath(TOKENIZER), os.path.join(run_dir, "gpt2_tokenizer.bin"))
+        run_dir = make_run_dir(tmp, f"{CASE}/model.bin")
         raw, out_llmc = run([os.path.join(tmp, "train_gpt2")], run_dir, "llm.c's train_gpt2")
-        _, out_ours = run([os.path.abspath(args.ours), "-e", "gpt2_124M.bin",
-                           "-i", "dev/data/tinyshakespeare/tiny_shakespeare_train.bin",
-                           "-j", "dev/data/tinyshakespeare/tiny_shakespeare_val.bin", "-k", "no_tokenizer.bin",
-                           "-b", str(B), "-t", str(T), "-x", str(STEPS), "-l", "1e-4", "-c", "0",
-                           "-v", str(VAL_EVERY), "-m", str(VAL_BATCHES), "-s", str(SAMPLE_EVERY),
-                           "-g", str(GEN), "-r", "1337", "-zo", "adamw", "-f", "0", "-n", str(STEPS), "-o", "out"],
+        _, out_ours = run(our_command(args.ours, STEPS, ["-s", str(SAMPLE_EVERY), "-g", str(GEN), "-r", "1337",
+                                                         "-f", "0", "-n", str(STEPS), "-o", "out"]),
                           run_dir, "our trainer")
         tol = TOL_RUN_CUDA if args.cuda else TOL_RUN
-        # llm.c: "val loss %f" before the step of that number, "step %d: train loss %f" for steps 0..40
-        val_llmc = [float(x) for x in re.findall(r"^val loss (\S+)$", out_llmc, re.M)]
-        train_llmc = [float(x) for x in re.findall(r"^step \d+: train loss (\S+) ", out_llmc, re.M)]
-        # ours: "step s/40 | val loss %f" after s steps, "step s/40 | loss %f" for steps 1..40
-        val_ours = [float(x) for x in re.findall(r"^step \d+/\d+ \| val loss (\S+)$", out_ours, re.M)]
-        train_ours = [float(x) for x in re.findall(r"^step \d+/\d+ \| loss (\S+) ", out_ours, re.M)]
+        val_llmc, train_llmc, _ = parse_llmc(out_llmc)
+        val_ours, train_ours, _ = parse_ours(out_ours)
         n_val = STEPS // VAL_EVERY + 1
         check(len(val_llmc) == n_val and len(val_ours) == n_val and len(train_llmc) == STEPS + 1
               and len(train_ours) == STEPS, f"the runs printed {len(val_llmc)}/{len(val_ours)} val losses "
