@@ -43,6 +43,8 @@ Suites (what "the tests named" means), each a subset of make test:
   race   scripts/test_races.sh: the CUDA test (tiny) and trainer (offload, zenflow) built with
          ThreadSanitizer on the emulator, schedule eager (no number depends on a missing wait
          there): fails on any race TSan sees between warps, blocks, streams and host threads
+  random scripts/test_random_cases.py, CPU tests only (test_gpt2cpu, test_zenflow): 24 cases of
+         random shapes, C and B*T off the multiples of 16 and 8 the fixed cases all have
 """
 import argparse
 import os
@@ -78,6 +80,7 @@ SUITES = {
              [f"{PY} scripts/test_same_bits.py {REFS}/tiny ./train_gpt2cpu build/arch/train_gpt2cpu_x86-64-v2 "
               "build/arch/train_gpt2cpu_x86-64-v3"]),
     "race": (["build/emu/test_gpt2cu_tsan", "build/emu/train_gpt2cu_tsan"], ["bash scripts/test_races.sh"]),
+    "random": (["test_gpt2cpu", "test_zenflow"], [f"{PY} scripts/test_random_cases.py --count 24 --seed 1"]),
 }
 
 # id, file, old text (must occur exactly once), new text, the bug it stands for, suites.
@@ -230,6 +233,14 @@ MUTANTS = [
     return s;"""],
      "the matmul's dot products leave their order to the vector width (omp simd reduction, as before 2026-12-01)",
      ["bits"]),
+    ("X2", "dev/train_gpt2.cpp",
+     "for (int l = 0; l < TILE_COLS; l++) { acc[j][l] = dweight[(size_t)(o0 + j) * C + i0 + l]; }",
+     "for (int l = 0; l < TILE_COLS; l++) { acc[j][l] = 0.0f; }",
+     "the matmul backward's weight-gradient tiles start from 0 (what the buffer held is lost: GPU accumulation)",
+     ["cpu"]),
+    ("X3", "dev/train_gpt2.cpp", "if (nr == TILE_ROWS && i0 < C16) {", "if (nr == TILE_ROWS) {",
+     "the matmul backward's last column tile of dinp is a full 16 wide when C is not a multiple of 16",
+     ["cpu", "random"]),
     # --- the random init (-e d<L>...)
     ("I1", "llmc/gpt2_file.h", "float residual_std = 0.02f / sqrtf(2.0f * c->num_layers);",
      "float residual_std = 0.02f / sqrtf((float)c->num_layers);",
