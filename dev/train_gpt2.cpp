@@ -202,18 +202,61 @@ void matmul_forward(float* out,                                // (B, T, OC)
 // once, takes all its products, and is stored once, instead of a load and a store per
 // product. Every element still adds its products one at a time in the order of the plain
 // loops (o in order for dinp, r in order for dweight), so the tiles change the speed, not
-// the bits; the tiles at the edges (fewer than 8 rows or 16 columns) run the plain loops.
+// the bits. A full tile calls its function with the constant sizes, so that the compiler
+// keeps it in registers; the tiles at the edges (fewer rows or columns) take the same path.
 #define TILE_ROWS 8
 #define TILE_COLS 16
 // the weight rows of one dinp pass: a block of 64 rows (768 KiB at GPT-2's widest, C = 3072)
 // stays in cache while every column tile of the 8 rows takes its products from it
 #define DINP_WEIGHT_ROWS 64
 
+// dinp[r0 + r, i0 + l] += sum over o in [o0, o1), in order, of dout[r0 + r, o] * weight[o, i0 + l]
+static inline __attribute__((always_inline)) void dinp_tile(float* dinp, const float* dout, const float* weight,
+                                                             int C, int OC, int r0, int nr, int i0, int ni,
+                                                             int o0, int o1) {
+    float acc[TILE_ROWS][TILE_COLS];
+    for (int r = 0; r < nr; r++) {
+        for (int l = 0; l < ni; l++) { acc[r][l] = dinp[(size_t)(r0 + r) * C + i0 + l]; }
+    }
+    for (int o = o0; o < o1; o++) {
+        const float* w = weight + (size_t)o * C + i0;
+        for (int r = 0; r < nr; r++) {
+            float d = dout[(size_t)(r0 + r) * OC + o];
+#pragma omp simd
+            for (int l = 0; l < ni; l++) { acc[r][l] += d * w[l]; }
+        }
+    }
+    for (int r = 0; r < nr; r++) {
+        for (int l = 0; l < ni; l++) { dinp[(size_t)(r0 + r) * C + i0 + l] = acc[r][l]; }
+    }
+}
+
+// dweight[o0 + j, i0 + l] += sum over r in [0, R), in order, of dout[r, o0 + j] * inp[r, i0 + l]
+static inline __attribute__((always_inline)) void dweight_tile(float* dweight, const float* dout, const float* inp,
+                                                                int C, int OC, int R, int o0, int no, int i0,
+                                                                int ni) {
+    float acc[TILE_ROWS][TILE_COLS];
+    for (int j = 0; j < no; j++) {
+        for (int l = 0; l < ni; l++) { acc[j][l] = dweight[(size_t)(o0 + j) * C + i0 + l]; }
+    }
+    for (int r = 0; r < R; r++) {
+        const float* x = inp + (size_t)r * C + i0;
+        const float* d = dout + (size_t)r * OC + o0;
+        for (int j = 0; j < no; j++) {
+#pragma omp simd
+            for (int l = 0; l < ni; l++) { acc[j][l] += d[j] * x[l]; }
+        }
+    }
+    for (int j = 0; j < no; j++) {
+        for (int l = 0; l < ni; l++) { dweight[(size_t)(o0 + j) * C + i0 + l] = acc[j][l]; }
+    }
+}
+
 void matmul_backward(float* dinp, float* dweight, float* dbias,  // (B,T,C), (OC,C), (OC)|NULL
                      const float* dout, const float* inp,        // (B,T,OC), (B,T,C)
                      const float* weight,                        // (OC, C)
                      int B, int T, int C, int OC) {
-    const int R = B * T, C16 = C / TILE_COLS * TILE_COLS;
+    const int R = B * T;
     // dinp[r,:] += sum_o dout[r,o] * weight[o,:]   (rows in blocks of 8, o in order)
 #pragma omp parallel for schedule(static)
     for (int r0 = 0; r0 < R; r0 += TILE_ROWS) {
@@ -221,31 +264,11 @@ void matmul_backward(float* dinp, float* dweight, float* dbias,  // (B,T,C), (OC
         for (int o0 = 0; o0 < OC; o0 += DINP_WEIGHT_ROWS) {
             int o1 = OC - o0 < DINP_WEIGHT_ROWS ? OC : o0 + DINP_WEIGHT_ROWS;
             for (int i0 = 0; i0 < C; i0 += TILE_COLS) {
-                if (nr == TILE_ROWS && i0 < C16) {
-                    float acc[TILE_ROWS][TILE_COLS];  // dinp[r0 + r, i0 + l]
-                    for (int r = 0; r < TILE_ROWS; r++) {
-                        for (int l = 0; l < TILE_COLS; l++) { acc[r][l] = dinp[(size_t)(r0 + r) * C + i0 + l]; }
-                    }
-                    for (int o = o0; o < o1; o++) {
-                        const float* w = weight + (size_t)o * C + i0;
-                        for (int r = 0; r < TILE_ROWS; r++) {
-                            float d = dout[(size_t)(r0 + r) * OC + o];
-#pragma omp simd
-                            for (int l = 0; l < TILE_COLS; l++) { acc[r][l] += d * w[l]; }
-                        }
-                    }
-                    for (int r = 0; r < TILE_ROWS; r++) {
-                        for (int l = 0; l < TILE_COLS; l++) { dinp[(size_t)(r0 + r) * C + i0 + l] = acc[r][l]; }
-                    }
+                int ni = C - i0 < TILE_COLS ? C - i0 : TILE_COLS;
+                if (nr == TILE_ROWS && ni == TILE_COLS) {
+                    dinp_tile(dinp, dout, weight, C, OC, r0, TILE_ROWS, i0, TILE_COLS, o0, o1);
                 } else {
-                    int i1 = C - i0 < TILE_COLS ? C : i0 + TILE_COLS;
-                    for (int o = o0; o < o1; o++) {
-                        for (int r = 0; r < nr; r++) {
-                            float d = dout[(size_t)(r0 + r) * OC + o];
-                            float* dx = dinp + (size_t)(r0 + r) * C;
-                            for (int i = i0; i < i1; i++) { dx[i] += d * weight[(size_t)o * C + i]; }
-                        }
-                    }
+                    dinp_tile(dinp, dout, weight, C, OC, r0, nr, i0, ni, o0, o1);
                 }
             }
         }
@@ -255,31 +278,11 @@ void matmul_backward(float* dinp, float* dweight, float* dbias,  // (B,T,C), (OC
     for (int o0 = 0; o0 < OC; o0 += TILE_ROWS) {
         int no = OC - o0 < TILE_ROWS ? OC - o0 : TILE_ROWS;
         for (int i0 = 0; i0 < C; i0 += TILE_COLS) {
-            if (no == TILE_ROWS && i0 < C16) {
-                float acc[TILE_ROWS][TILE_COLS];  // dweight[o0 + j, i0 + l]
-                for (int j = 0; j < TILE_ROWS; j++) {
-                    for (int l = 0; l < TILE_COLS; l++) { acc[j][l] = dweight[(size_t)(o0 + j) * C + i0 + l]; }
-                }
-                for (int r = 0; r < R; r++) {
-                    const float* x = inp + (size_t)r * C + i0;
-                    const float* d = dout + (size_t)r * OC + o0;
-                    for (int j = 0; j < TILE_ROWS; j++) {
-#pragma omp simd
-                        for (int l = 0; l < TILE_COLS; l++) { acc[j][l] += d[j] * x[l]; }
-                    }
-                }
-                for (int j = 0; j < TILE_ROWS; j++) {
-                    for (int l = 0; l < TILE_COLS; l++) { dweight[(size_t)(o0 + j) * C + i0 + l] = acc[j][l]; }
-                }
+            int ni = C - i0 < TILE_COLS ? C - i0 : TILE_COLS;
+            if (no == TILE_ROWS && ni == TILE_COLS) {
+                dweight_tile(dweight, dout, inp, C, OC, R, o0, TILE_ROWS, i0, TILE_COLS);
             } else {
-                int i1 = C - i0 < TILE_COLS ? C : i0 + TILE_COLS;
-                for (int r = 0; r < R; r++) {
-                    for (int j = 0; j < no; j++) {
-                        float d = dout[(size_t)r * OC + o0 + j];
-                        float* dw = dweight + (size_t)(o0 + j) * C;
-                        for (int i = i0; i < i1; i++) { dw[i] += d * inp[(size_t)r * C + i]; }
-                    }
-                }
+                dweight_tile(dweight, dout, inp, C, OC, R, o0, no, i0, ni);
             }
         }
         if (dbias != NULL) {

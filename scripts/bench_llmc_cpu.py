@@ -54,8 +54,8 @@ def main():
     os.chdir(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
     if args.steps < SKIP + 3:
         llmc.fail(f"--steps {args.steps}: at least {SKIP + 3} (the first {SKIP} are warm-up)")
-    src = os.path.abspath(args.llmc)
-    if not all(os.path.isfile(os.path.join(src, f)) for f in ("train_gpt2.c", "test_gpt2.c", "llmc/utils.h")):
+    src, commit = llmc.find_llmc(args.llmc)
+    if src is None:
         llmc.fail(f"no llm.c source in {args.llmc} (hint: make bench_llmc_cpu, or bash scripts/get_llmc.sh, "
                   "fetches it)")
     for f in (args.ours, llmc.TOKENIZER, llmc.TRAIN_SHARD, llmc.VAL_SHARD):
@@ -63,8 +63,6 @@ def main():
             llmc.fail(f"{f} is missing (hint: make and make data make it)")
     os.makedirs(args.out, exist_ok=True)
     threads = len(os.sched_getaffinity(0))
-    commit_file = os.path.join(src, "COMMIT")
-    commit = open(commit_file).read().strip()[:7] if os.path.isfile(commit_file) else "?"
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         llmc.copy_llmc(src, tmp, args.steps)

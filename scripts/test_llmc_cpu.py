@@ -158,6 +158,15 @@ def compare_sample(ours_ids, llmc_text, pieces):
 LLMC_LOOP = "for (int step = 0; step <= 40; step++) {"
 
 
+def find_llmc(path):
+    """(absolute path, short commit) of llm.c's source in path, or (None, None) if it is not there"""
+    src = os.path.abspath(path)
+    if not all(os.path.isfile(os.path.join(src, f)) for f in ("train_gpt2.c", "test_gpt2.c", "llmc/utils.h")):
+        return None, None
+    commit_file = os.path.join(src, "COMMIT")
+    return src, open(commit_file).read().strip()[:7] if os.path.isfile(commit_file) else "?"
+
+
 def copy_llmc(src, tmp, steps=STEPS):
     """llm.c's headers, test_gpt2.c and train_gpt2.c into tmp (train_gpt2.c includes "llmc/..."),
     train_gpt2.c with beta2 = 0.95 and its loop over steps 0..`steps` (40 in llm.c). It trains
@@ -220,8 +229,8 @@ def main():
     ap.add_argument("--cuda", action="store_true", help="--ours is the CUDA trainer (its bound, see above)")
     args = ap.parse_args()
     os.chdir(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-    src = os.path.abspath(args.llmc)
-    if not all(os.path.isfile(os.path.join(src, f)) for f in ("train_gpt2.c", "test_gpt2.c", "llmc/utils.h")):
+    src, commit = find_llmc(args.llmc)
+    if src is None:
         print(f"SKIPPED (no llm.c source in {args.llmc}: make llmc_cpu, or bash scripts/get_llmc.sh, "
               "fetches it)")
         return 0
@@ -229,8 +238,6 @@ def main():
     for f in [args.ours, TOKENIZER, TRAIN_SHARD, VAL_SHARD] + needed:
         if not os.path.isfile(f):
             fail(f"{f} is missing (hint: make, make refs and make data make it)")
-    commit_file = os.path.join(src, "COMMIT")
-    commit = open(commit_file).read().strip()[:7] if os.path.isfile(commit_file) else "?"
     with tempfile.TemporaryDirectory() as tmp:
         copy_llmc(src, tmp)
         open(os.path.join(tmp, "val_loss.c"), "w").write(VAL_LOSS_C)
