@@ -836,7 +836,7 @@ static void cpu_gpu_adam(void* ctx, const ZenFlow* zf, ZfAdamHyper h, int step) 
         // g, m, v into four small arrays, one AdamW pass, copy p, m, v back (AdamW is
         // elementwise: the order is free). A block at a time, not the whole matrix, so every
         // row comes from memory once: wte's selected columns lie in nearly all of its cache
-        // lines, and whole-matrix copies would read them seven times (3x slower).
+        // lines, and whole-matrix copies would read them seven times (2x slower at d4c256h4).
         const int* sel = mat->cols_by_owner;  // the first n_sel entries, ascending
         int ns = mat->n_sel;
 #pragma omp parallel
