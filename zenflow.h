@@ -312,14 +312,48 @@ static inline int zf_n_sel(double k, int cols) { return (int)floor(k * cols + 0.
 // A CPU-side buffer of n zeros, written now, by every thread. Linux maps a page of calloc'ed
 // memory only when it is first written; left to first use, the first window update (m, v)
 // would pay for its pages and take 50x longer than the later ones (d4c256h4 on the 2-core
-// build machine: 330-380 ms instead of 6-8), slowing the steps it overlaps, or stalling
-// the next boundary where it outlasts its window. Here it is paid once, at start, as
-// cudaHostRegister pays it for the buffers that are pinned.
+// build machine: 330-400 ms instead of 4-8), slowing the steps it overlaps, or stalling
+// the next boundary where it outlasts its window; so would the first accumulation into
+// each accumulator (20-40 ms instead of 2). zf_init pays it at start for the window
+// state (master, m, v; in zenflow mode the two accumulators), as cudaHostRegister does for
+// the pinned buffers. The rest stay calloc'ed: the accumulators, which offload's windows of
+// one step never use, and the reselection buffers, which adamw and offload never write.
 static inline float* zf_host_zeros(size_t n) {
     float* p = (float*)malloc_check(n * sizeof(float));
 #pragma omp parallel for schedule(static) if (n >= (1 << 16))
     for (size_t i = 0; i < n; i++) { p[i] = 0.0f; }
     return p;
+}
+
+// The host memory Linux says a new allocation can have without swapping (MemAvailable in
+// /proc/meminfo), in bytes; -1 where it cannot tell. Because zf_host_zeros writes every
+// page at once, a CPU side that does not fit would otherwise be killed by the kernel's OOM
+// killer, without a word. Debug switch for the bad-input test: ZF_HOST_MEMORY_MB=<n>
+// pretends that n MiB are available.
+static inline double zf_host_memory_available(void) {
+    const char* fake = getenv("ZF_HOST_MEMORY_MB");
+    if (fake != NULL) { return atof(fake) * 1048576.0; }
+    FILE* fp = fopen("/proc/meminfo", "r");
+    if (fp == NULL) { return -1.0; }
+    char line[256];
+    double kib = -1.0;
+    while (fgets(line, sizeof(line), fp) != NULL) {
+        if (sscanf(line, "MemAvailable: %lf kB", &kib) == 1) { break; }
+    }
+    fclose(fp);
+    return kib < 0 ? -1.0 : kib * 1024.0;
+}
+
+// Gradient staging buffers on the host: CPU transport one, two with overlap (they take turns)
+static inline int zf_staging_buffers(const ZfConfig* cfg) {
+    return cfg->transport == ZF_ACC_CPU ? (cfg->overlap ? 2 : 1) : 0;
+}
+
+// The host memory zf_init allocates, in bytes: master, m, v, two accumulators and the
+// migration's m and v (c floats each), the gradient staging (c each), and the GPU-side
+// moments' four copies for reselections and checkpoints (g each).
+static inline double zf_host_bytes(const ZfConfig* cfg, size_t c, size_t g) {
+    return 4.0 * ((7.0 + zf_staging_buffers(cfg)) * c + 4.0 * g);
 }
 
 static inline void zf_init(ZenFlow* zf, ZfConfig cfg, const GPT2Config* model, ZfBackend backend) {
@@ -399,22 +433,33 @@ static inline void zf_init(ZenFlow* zf, ZfConfig cfg, const GPT2Config* model, Z
         zf->cpu_capacity += (size_t)(cpu_owns_all ? mat->cols : mat->cols - n_sel) * mat->rows;
     }
     size_t c = zf->cpu_capacity, g = zf->vector_elems + zf->gpu_capacity;
+    // what the first windows write (the window state, the staging) must fit; zenflow's
+    // reselections later add their buffers (zf_host_bytes has them all)
+    int zenflow = cfg.mode == ZF_MODE_ZENFLOW;
+    double need = 4.0 * (3.0 + 2.0 * zenflow + zf_staging_buffers(&cfg)) * c;
+    double available = zf_host_memory_available();
+    if (available >= 0 && need > available) {
+        zf_fail("ZenFlow's CPU side needs %.1f MiB of host memory and %.1f MiB are available (hint: "
+                "a smaller model; in zenflow mode also a larger -zk (fewer columns on the CPU), "
+                "-za gpu (no staging buffers) or -zv 0 (one instead of two))",
+                need / 1048576.0, available / 1048576.0);
+    }
     zf->master = zf_host_zeros(c);
     zf->m = zf_host_zeros(c);
     zf->v = zf_host_zeros(c);
-    zf->acc = zf_host_zeros(c);
-    zf->acc_job = zf_host_zeros(c);
+    zf->acc = zenflow ? zf_host_zeros(c) : (float*)calloc_check(c, sizeof(float));
+    zf->acc_job = zenflow ? zf_host_zeros(c) : (float*)calloc_check(c, sizeof(float));
     if (cfg.transport == ZF_ACC_CPU) {
-        zf->grad_stage[0] = zf_host_zeros(c);
-        if (cfg.overlap) { zf->grad_stage[1] = zf_host_zeros(c); }
+        zf->grad_stage[0] = (float*)calloc_check(c, sizeof(float));
+        if (cfg.overlap) { zf->grad_stage[1] = (float*)calloc_check(c, sizeof(float)); }
     }
     zf->stage_reader[0] = zf->stage_reader[1] = zf_no_job;
-    zf->m_new = zf_host_zeros(c);
-    zf->v_new = zf_host_zeros(c);
-    zf->gpu_m_old = zf_host_zeros(g);
-    zf->gpu_v_old = zf_host_zeros(g);
-    zf->gpu_m_new = zf_host_zeros(g);
-    zf->gpu_v_new = zf_host_zeros(g);
+    zf->m_new = (float*)calloc_check(c, sizeof(float));
+    zf->v_new = (float*)calloc_check(c, sizeof(float));
+    zf->gpu_m_old = (float*)calloc_check(g, sizeof(float));
+    zf->gpu_v_old = (float*)calloc_check(g, sizeof(float));
+    zf->gpu_m_new = (float*)calloc_check(g, sizeof(float));
+    zf->gpu_v_new = (float*)calloc_check(g, sizeof(float));
     zf->c_sum = (double*)calloc_check(zf->num_matrices, sizeof(double));
     zf->sum_sel = (double*)calloc_check(zf->num_matrices, sizeof(double));
     zf->sum_cpu = (double*)calloc_check(zf->num_matrices, sizeof(double));

@@ -1102,6 +1102,12 @@ int main(int argc, char* argv[]) {
     tokenizer_init(&tokenizer, tokenizer_path);
     tokenizer_match_model(&tokenizer, tokenizer_path, cfg->vocab_size);
 
+    ZenFlow zf;
+    CpuDevice device;
+    zenflow_cpu_init(&zf, &device, &model, zcfg);
+    zcfg = zf.cfg;  // as the mode sets it
+
+    // the log is opened (and, without -y, emptied) only once every check has passed
     FILE* logfile = NULL;
     if (output_dir != NULL) {
         if (mkdir(output_dir, 0755) != 0 && errno != EEXIST) {
@@ -1112,10 +1118,6 @@ int main(int argc, char* argv[]) {
         logfile = fopen_check(path, start_step >= 0 ? "a" : "w");
     }
 
-    ZenFlow zf;
-    CpuDevice device;
-    zenflow_cpu_init(&zf, &device, &model, zcfg);
-    zcfg = zf.cfg;  // as the mode sets it
     zf.pipeline = args.pipeline;  // the passes below call the per-layer hooks
     model.zf = &zf;
     if (args.selection_log != NULL) { zf.selection_log = fopen_check(args.selection_log, "w"); }
@@ -1125,9 +1127,9 @@ int main(int argc, char* argv[]) {
            "%s, accumulation on the %s, transfers %s\n", zf_mode_names[zcfg.mode], zcfg.topk,
            interval, zcfg.select_interval, zcfg.warmup, zcfg.overlap ? "on" : "off",
            zf_transport_names[zcfg.transport], zf.pipeline ? "per layer" : "whole");
-    printf("[memory] CPU side (master, m, v, 2 accumulators, staging, 2 scratch) %.1f MiB, "
+    printf("[memory] CPU side (master, m, v, accumulators, staging, migration) %.1f MiB, "
            "GPU-side moments %.1f MiB (their share in zenflow.cuh's packed layout)\n",
-           8.0 * zf.cpu_capacity * 4 / 1048576.0,
+           zf_host_bytes(&zf.cfg, zf.cpu_capacity, zf.vector_elems + zf.gpu_capacity) / 1048576.0,
            2.0 * (zf.vector_elems + zf.gpu_capacity) * 4 / 1048576.0);
     ZfAdamHyper hyper = {lr, 0.9f, 0.95f, 1e-8f, weight_decay};
     if (args.trace_path != NULL) {

@@ -4,7 +4,7 @@
 # prints train and val loss side by side. The paper's claim, checked here: ZenFlow's final
 # val loss within 2% of AdamW's.
 #
-#   bash scripts/accuracy.sh [steps]        (default 200; 0.3 to 2 s a step on 2 cores, by the CPU)
+#   bash scripts/accuracy.sh [steps]        (default 200; about 0.3 s a step on 2 cores)
 #
 # Modes: adamw, offload, zenflow (k 0.1, U 4) and zenflow-auto (-zu auto, spec 6). Logs go to
 # build/accuracy/<mode>.log; RUN="zenflow-auto" trains only the modes named (the table is

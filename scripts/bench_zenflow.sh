@@ -39,8 +39,9 @@
 # uniform instead of normal (same standard deviation) and in parallel, so seconds instead of
 # the trainer's minute for d48; the speed of a step does not depend on the weights. Data:
 # tinyshakespeare if data/tinyshakespeare/*.bin exist, else a synthetic shard of random
-# tokens (no network needed). Host memory: offload and zenflow on d48 keep ~40 GB of CPU-side
-# state (master, moments, accumulators, staging; some of it pinned).
+# tokens (no network needed). Host memory: offload and zenflow on d48 allocate 40-50 GB of
+# CPU-side state (master, moments, accumulators, staging, migration; some of it pinned; the
+# [memory] lines say how much); a run that does not fit stops at start and says so.
 set -u
 cd "$(dirname "$0")/.." || exit 2
 ARGS="$*"

@@ -106,6 +106,8 @@ def main():
             ("corrupt tokenizer", ["-k", os.path.join(tmp, "tokenizer_bad.bin")], "tokenizer_bad.bin"),
             ("version 1 tokenizer of 5 tokens", ["-k", os.path.join(tmp, "tokenizer_v1.bin")], "50257"),
             ("tokenizer version 3", ["-k", os.path.join(tmp, "tokenizer_v3.bin")], "version 3"),
+            # the CPU side's first buffers (about 50 KiB here) against a pretended 10 KiB of free memory
+            ("too little host memory", [], "of host memory", {"ZF_HOST_MEMORY_MB": "0.01"}),
         ]
         if emulated_gpu:  # a 20 MiB "GPU": the 32 MiB cuBLASLt workspace does not fit
             cases.append(("too little GPU memory", [], "out of GPU memory", {"EMU_DEVICE_MEMORY_MB": "20"}))
