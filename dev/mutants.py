@@ -216,6 +216,9 @@ MUTANTS = [
      "a token id equal to the vocabulary size is accepted", ["bad"]),
     ("B2", "llmc/dataloader.h", "    if ((size_t)n < need) {", "    if ((size_t)n + 1 < need) {",
      "a shard of exactly B*T tokens is accepted (the last target is past its end)", ["bad"]),
+    ("B3", "zenflow.h", "    if (available >= 0 && need > available) {", "    if (0) {",
+     "a CPU side too large for the host memory starts anyway (the OOM killer ends it without a word)",
+     ["bad"]),
     # --- the CPU trainer's sums, whatever the machine
     ("X1", "dev/train_gpt2.cpp",
      ["            if (nr == 8) {",
