@@ -837,6 +837,7 @@ static void cpu_gpu_adam(void* ctx, const ZenFlow* zf, ZfAdamHyper h, int step) 
         // elementwise: the order is free). A block at a time, not the whole matrix, so every
         // row comes from memory once: wte's selected columns lie in nearly all of its cache
         // lines, and whole-matrix copies would read them seven times (2x slower at d4c256h4).
+        // The four arrays share one loop: gather_columns on each, per block, took 1.35x as long.
         const int* sel = mat->cols_by_owner;  // the first n_sel entries, ascending
         int ns = mat->n_sel;
 #pragma omp parallel
