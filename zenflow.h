@@ -449,9 +449,8 @@ static inline void zf_init(ZenFlow* zf, ZfConfig cfg, const GPT2Config* model, Z
     zf->v = zf_host_zeros(c);
     zf->acc = zenflow ? zf_host_zeros(c) : (float*)calloc_check(c, sizeof(float));
     zf->acc_job = zenflow ? zf_host_zeros(c) : (float*)calloc_check(c, sizeof(float));
-    if (cfg.transport == ZF_ACC_CPU) {
-        zf->grad_stage[0] = (float*)calloc_check(c, sizeof(float));
-        if (cfg.overlap) { zf->grad_stage[1] = (float*)calloc_check(c, sizeof(float)); }
+    for (int i = 0; i < zf_staging_buffers(&cfg); i++) {
+        zf->grad_stage[i] = (float*)calloc_check(c, sizeof(float));
     }
     zf->stage_reader[0] = zf->stage_reader[1] = zf_no_job;
     zf->m_new = (float*)calloc_check(c, sizeof(float));
