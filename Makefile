@@ -179,7 +179,7 @@ gpu_refs: refs
 	cp $(REF_DIR)/vocab/train.bin build/gpu_refs/vocab/
 	(git describe --always --dirty --abbrev=7 2>/dev/null || echo "unknown (no git)") > build/gpu_refs/COMMIT
 # scripts/gpu_check.sh run through every stage on the CPU emulator, before a GPU is lent
-# (dev/cuda/emu/rehearse_gpu_check.sh; needs nvcc for the host code, ~5 minutes)
+# (dev/cuda/emu/rehearse_gpu_check.sh; needs nvcc for the host code, 5 to 7 minutes)
 gpu_rehearsal: emu refs
 	bash dev/cuda/emu/rehearse_gpu_check.sh
 $(REF_DIR)/.stamp: scripts/make_test_refs.sh scripts/gpt2_reference.py scripts/zenflow_reference.py

@@ -328,8 +328,9 @@ static inline float* zf_host_zeros(size_t n) {
 // The host memory Linux says a new allocation can have without swapping (MemAvailable in
 // /proc/meminfo), in bytes; -1 where it cannot tell. Because zf_host_zeros writes every
 // page at once, a CPU side that does not fit would otherwise be killed by the kernel's OOM
-// killer, without a word. Debug switch for the bad-input test: ZF_HOST_MEMORY_MB=<n>
-// pretends that n MiB are available.
+// killer, without a word. ZF_HOST_MEMORY_MB=<n> says instead that n MiB are available:
+// for a virtual machine whose memory grows as it is used (MemAvailable then starts far below
+// what it can have), and for the bad-input test, which makes it too small.
 static inline double zf_host_memory_available(void) {
     const char* fake = getenv("ZF_HOST_MEMORY_MB");
     if (fake != NULL) { return atof(fake) * 1048576.0; }
@@ -441,7 +442,8 @@ static inline void zf_init(ZenFlow* zf, ZfConfig cfg, const GPT2Config* model, Z
     if (available >= 0 && need > available) {
         zf_fail("ZenFlow's CPU side needs %.1f MiB of host memory and %.1f MiB are available (hint: "
                 "a smaller model; in zenflow mode also a larger -zk (fewer columns on the CPU), "
-                "-za gpu (no staging buffers) or -zv 0 (one instead of two))",
+                "-za gpu (no staging buffers) or -zv 0 (one instead of two); on a virtual machine whose "
+                "memory grows as it is used, ZF_HOST_MEMORY_MB=<MiB> says how much it can have)",
                 need / 1048576.0, available / 1048576.0);
     }
     zf->master = zf_host_zeros(c);

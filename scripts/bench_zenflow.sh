@@ -41,7 +41,10 @@
 # tinyshakespeare if data/tinyshakespeare/*.bin exist, else a synthetic shard of random
 # tokens (no network needed). Host memory: offload and zenflow on d48 allocate 40-50 GB of
 # CPU-side state (master, moments, accumulators, staging, migration; some of it pinned; the
-# [memory] lines say how much); a run that does not fit stops at start and says so.
+# [memory] lines say how much); a run that needs more than Linux's MemAvailable stops at start
+# and says so, and is then tried once more with ZF_HOST_MEMORY_MB (some virtual machines
+# grow their memory as it is used: MemAvailable is far below what they can have); the table
+# names such runs and gives the host memory at start and at the end.
 set -u
 cd "$(dirname "$0")/.." || exit 2
 ARGS="$*"
@@ -120,6 +123,17 @@ out_of_time() { [ "$BUDGET" -gt 0 ] && [ $(( $(date +%s) - START )) -gt "$BUDGET
 
 RESULTS="$OUT/results.txt"  # one line per run: model mode fields..., or model mode SKIPPED/FAILED note
 : >"$RESULTS"
+LIFTED=""  # model/mode of the runs retried past the host-memory check
+
+mem_available_mib() { awk '/^MemAvailable:/ { printf "%d", $2 / 1024 }' /proc/meminfo 2>/dev/null; }
+MEM_AT_START="MemTotal $(awk '/^MemTotal:/ { printf "%d", $2 / 1024 }' /proc/meminfo 2>/dev/null) MiB, MemAvailable $(mem_available_mib) MiB"
+
+# run_trainer MODEL_FILE MODE CSV LOG
+run_trainer() {
+    # shellcheck disable=SC2046
+    timeout --kill-after=10 600 "$BIN" -e "$1" -i "$TRAIN" -j "$VAL" -b $B -t $T -x $((WARMUP + STEPS)) \
+        -v 0 -s 0 -zs 1000 $(mode_flags "$2") -zm "$3" >"$4" 2>&1
+}
 
 mode_flags() {
     case $1 in
@@ -155,10 +169,21 @@ for model in $MODELS; do
         log="$OUT/logs/${model}_$mode.log"
         csv="$OUT/logs/${model}_$mode.csv"
         echo "run $model $mode ($(( $(date +%s) - START ))s)"
-        # shellcheck disable=SC2046
-        timeout --kill-after=10 600 "$BIN" -e "$mfile" -i "$TRAIN" -j "$VAL" -b $B -t $T -x $((WARMUP + STEPS)) \
-            -v 0 -s 0 -zs 1000 $(mode_flags "$mode") -zm "$csv" >"$log" 2>&1
+        run_trainer "$mfile" "$mode" "$csv" "$log"
         rc=$?
+        # The trainer stops at start when its CPU side needs more than Linux's MemAvailable.
+        # A virtual machine whose memory grows as it is used reports far less than it can
+        # have, so the run is tried once more, told that the memory it needs is there
+        # (ZF_HOST_MEMORY_MB); if it really is not, the kernel ends the run and the row says so.
+        need=$(sed -n 's/.*needs \([0-9.]*\) MiB of host memory and .*/\1/p' "$log" | head -1)
+        if [ $rc -ne 0 ] && [ -n "$need" ]; then
+            mv "$log" "${log%.log}_refused.log"
+            echo "  refused: $(tail -1 "${log%.log}_refused.log" | cut -c1-160)..."
+            echo "  again with ZF_HOST_MEMORY_MB"
+            ZF_HOST_MEMORY_MB=$(awk -v n="$need" 'BEGIN { printf "%d", n + 1 }') run_trainer "$mfile" "$mode" "$csv" "$log"
+            rc=$?
+            LIFTED="$LIFTED $model/$mode"
+        fi
         if [ $rc -ne 0 ]; then
             echo "$model $mode FAILED exit-$rc:$(tail -1 "$log" | tr ' ' '_' | cut -c1-120)" >>"$RESULTS"
             continue
@@ -231,6 +256,11 @@ awk -v dev="$DEVICE" '$3 != "SKIPPED" && $3 != "FAILED" {
             }
         }' "$RESULTS"
     echo
+    echo "host memory at start: $MEM_AT_START; at the end: MemAvailable $(mem_available_mib) MiB"
+    if [ -n "$LIFTED" ]; then
+        echo "retried past the host-memory check (each needed more than MemAvailable; the first try's log"
+        echo "is <model>_<mode>_refused.log):$LIFTED"
+    fi
     echo "total time: $(( $(date +%s) - START )) s; logs and per-step CSVs in $OUT/logs"
 } >"$MD"
 cat "$MD"
