@@ -50,7 +50,7 @@ while [ $# -gt 0 ]; do
         --model) MODEL=$2; shift 2 ;;
         --seq) T=$2; shift 2 ;;
         --no-gpu-check) NO_GPU_CHECK=1; shift ;;
-        -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
+        -h|--help) awk 'NR > 1 && !/^#/ { exit } NR > 1' "$0"; exit 0 ;;  # the comment on top
         *) echo "bench_llmc.sh: unknown argument $1 (hint: --help)" >&2; exit 2 ;;
     esac
 done
