@@ -175,8 +175,9 @@ for model in $MODELS; do
         # A virtual machine whose memory grows as it is used reports far less than it can
         # have, so the run is tried once more, told that the memory it needs is there
         # (ZF_HOST_MEMORY_MB); if it really is not, the kernel ends the run and the row says so.
-        need=$(sed -n 's/.*needs \([0-9.]*\) MiB of host memory and .*/\1/p' "$log" | head -1)
-        if [ $rc -ne 0 ] && [ -n "$need" ]; then
+        need=""
+        [ $rc -ne 0 ] && need=$(sed -n 's/.*needs \([0-9.]*\) MiB of host memory and .*/\1/p' "$log" | head -1)
+        if [ -n "$need" ]; then
             mv "$log" "${log%.log}_refused.log"
             echo "  refused: $(tail -1 "${log%.log}_refused.log" | cut -c1-160)..."
             echo "  again with ZF_HOST_MEMORY_MB"
