@@ -1,8 +1,10 @@
 // Benchmark of cpu_adam.cpp: AdamW params/s at 1 and all threads, against the memory
-// bandwidth limit. scripts/bench_cpu_adam.py runs this and puts torch next to it.
+// bandwidth limit; and ZenFlow's CPU side over one window of U steps, run on the two
+// threads as zenflow.h runs it. scripts/bench_cpu_adam.py runs this, puts torch next to it
+// and turns the window into the shortest training step this host keeps up with.
 //
 // Usage:
-//   bench_cpu_adam [n_params] [reps]     (defaults 32M, 7)
+//   bench_cpu_adam [n_params] [reps] [U] [window_elems]     (defaults 32M, 7, 4, 128M)
 //   bench_cpu_adam --check DIR N S LR WD B1 B2 EPS   (used by the python script: reads
 //       DIR/in.bin = p,m,v,g as N fp32 each, runs one zf_cpu_adam_step at step S with these
 //       hyperparameters (hex floats, so they arrive exact), writes DIR/out.bin = p,m,v)
@@ -19,6 +21,7 @@
 // way predictor. "staggered" puts the arrays 64 KB further apart than back to back,
 // "back to back" packs them (for n = 32M that is exactly 128 MB apart: the bad case).
 #include "../cpu_adam.h"
+#include "../zenflow.h"  // zf_accumulate_first: a window's first accumulation, as the trainer runs it
 
 #include <algorithm>
 #include <chrono>
@@ -86,10 +89,14 @@ static AdamArgs make_adam(size_t n, size_t gap) {
     size_t bytes = (5 * stride + (2u << 20) - 1) / (2u << 20) * (2u << 20);
     a.arena = (char*)aligned_alloc(2u << 20, bytes);
     if (!a.arena) { fprintf(stderr, "out of memory\n"); exit(1); }
-    memset(a.arena, 0, bytes);
+    // first touched by every thread, in 2 MB pieces, as zenflow.h's zf_host_zeros does
+    long pieces = (long)(bytes >> 21);
+#pragma omp parallel for schedule(static)
+    for (long k = 0; k < pieces; k++) memset(a.arena + ((size_t)k << 21), 0, (size_t)1 << 21);
     float* arr[5];
     for (int k = 0; k < 5; k++) arr[k] = (float*)(a.arena + k * stride);
     a.p = arr[0]; a.m = arr[1]; a.v = arr[2]; a.g = arr[3]; a.acc = arr[4];
+#pragma omp parallel for schedule(static)
     for (size_t i = 0; i < n; i++) {
         a.p[i] = 0.01f * (float)(i % 200) - 1.0f;
         a.g[i] = (float)((i * 2654435761u) % 1000) * 1e-6f - 5e-4f;  // spread out, no denormals
@@ -156,6 +163,43 @@ static int adam_job(void* a) {
     return 0;
 }
 
+// The jobs of one ZenFlow window (zenflow.h's zf_accumulate and zf_window_update, without
+// the bookkeeping): one step's A += g on the accumulator thread, the window's AdamW with
+// G = A / U on the updater thread.
+typedef struct {
+    float* acc;
+    const float* g;
+    size_t n;
+    int first;  // the window's first step: A = 0 + g
+} AccumulateArgs;
+
+static int accumulate_job(void* arg) {
+    AccumulateArgs* x = (AccumulateArgs*)arg;
+    if (x->first) {
+        zf_accumulate_first(x->acc, x->g, x->n);
+    } else {
+        zf_cpu_accumulate(x->acc, x->g, x->n);
+    }
+    return 0;
+}
+
+typedef struct {
+    AdamArgs* state;  // its p, m, v: the CPU master and moments; its acc: the window's A
+    int count;        // U
+} WindowArgs;
+
+static int window_update_job(void* arg) {
+    WindowArgs* x = (WindowArgs*)arg;
+    AdamArgs* a = x->state;
+    zf_cpu_adam_step_mean(a->p, a->m, a->v, a->acc, x->count, a->n, a->h, ++a->s);
+    return 0;
+}
+
+static double median_ms(std::vector<double> t) {
+    std::sort(t.begin(), t.end());
+    return t[t.size() / 2] * 1e3;
+}
+
 static int check_mode(int argc, char** argv) {
     if (argc != 10) { fprintf(stderr, "usage: --check DIR N S LR WD B1 B2 EPS\n"); return 2; }
     std::string dir = argv[2];
@@ -193,6 +237,12 @@ int main(int argc, char** argv) {
     if (argc > 1 && !strcmp(argv[1], "--check")) return check_mode(argc, argv);
     size_t n = argc > 1 ? strtoull(argv[1], NULL, 10) : (size_t)32 << 20;
     int reps = argc > 2 ? atoi(argv[2]) : 7;
+    int window_u = argc > 3 ? atoi(argv[3]) : 4;
+    size_t window_n = argc > 4 ? strtoull(argv[4], NULL, 10) : (size_t)128 << 20;
+    if (n < 1024 || reps < 1 || window_u < 1 || window_n < 1024) {
+        fprintf(stderr, "usage: bench_cpu_adam [n_params >= 1024] [reps >= 1] [U >= 1] [window_elems >= 1024]\n");
+        return 2;
+    }
     int all = max_threads();
     printf("n = %zu params (%.0f MB of p,m,v,g), %d reps after a warm-up, threads 1 and %d\n",
            n, n * 16.0 / 1e6, reps, all);
@@ -238,15 +288,64 @@ int main(int argc, char** argv) {
         zf_updater_wait(u, tk);
         par.push_back(now_s() - t0);
     }
-    std::sort(seq.begin(), seq.end());
-    std::sort(par.begin(), par.end());
-    double ms_seq = seq[reps / 2] * 1e3, ms_par = par[reps / 2] * 1e3;
+    double ms_seq = median_ms(seq), ms_par = median_ms(par);
     printf("\ntwo AdamW steps (staggered + back to back), main thread and updater job, %d threads each, median:\n"
            "  one after the other %.1f ms, at the same time %.1f ms, ratio %.2f\n",
            all, ms_seq, ms_par, ms_par / ms_seq);
     printf("RESULT overlap_seq_ms %.2f\nRESULT overlap_par_ms %.2f\n", ms_seq, ms_par);
-    int rc = zf_updater_destroy(u);
     free(a.arena);
     free(b.arena);
-    return rc;
+
+    // ZenFlow's CPU side over one window, with overlap on (zenflow.h, "Threads"): in the
+    // U steps of window w+1 the accumulator thread adds w+1's gradients into one A, step by
+    // step, while the updater thread runs window w's AdamW from the other A; each thread's
+    // OpenMP team uses every core, as in the trainer, and both share the memory bus. The host
+    // keeps up when the two are done within U training steps, so U jobs are queued at once
+    // here and the window takes as long as both need together. With GPU accumulation (-za gpu)
+    // the GPU adds the window up, and the host runs the update alone. Not included: the bus
+    // traffic of the copy engines, which write each step's gradients into host memory
+    // (-za cpu) and read the window's result. The arrays hold window_n elements each, 512 MB
+    // by default, so that the window's 3 GB stream from memory even past a large L3 cache
+    // (the 2-core build machine reports 480 MB) as a real model's gigabytes would.
+    AdamArgs state = make_adam(window_n, 64 << 10);  // the updater's master, m, v and its A
+    AdamArgs w = make_adam(window_n, 64 << 10);      // the accumulator's A (w.acc) and staging (w.g)
+    AccumulateArgs acc_jobs[2];
+    for (int j = 0; j < 2; j++) { acc_jobs[j] = AccumulateArgs{w.acc, w.g, window_n, j == 0}; }
+    WindowArgs update = {&state, window_u};
+    ZfUpdater* acc_thread = zf_updater_create(all);
+    std::vector<double> both, upd_alone, acc_alone;
+    for (int r = 0; r <= reps; r++) {  // r = 0 warms up the accumulator's thread pool
+        double t0 = now_s();
+        long last = -1;
+        for (int step = 0; step < window_u; step++) {
+            last = zf_updater_submit(acc_thread, accumulate_job, &acc_jobs[step == 0 ? 0 : 1]);
+        }
+        zf_updater_wait(acc_thread, last);
+        double t1 = now_s();
+        zf_updater_wait(u, zf_updater_submit(u, window_update_job, &update));
+        double t2 = now_s();
+        long tu = zf_updater_submit(u, window_update_job, &update);
+        for (int step = 0; step < window_u; step++) {
+            last = zf_updater_submit(acc_thread, accumulate_job, &acc_jobs[step == 0 ? 0 : 1]);
+        }
+        zf_updater_wait(u, tu);
+        zf_updater_wait(acc_thread, last);
+        double t3 = now_s();
+        if (r == 0) { continue; }
+        acc_alone.push_back(t1 - t0);
+        upd_alone.push_back(t2 - t1);
+        both.push_back(t3 - t2);
+    }
+    double ms_acc = median_ms(acc_alone), ms_upd = median_ms(upd_alone), ms_both = median_ms(both);
+    printf("\nZenFlow's CPU side, one window of U = %d steps, n = %zu CPU-owned elements, %d threads each, median:\n"
+           "  %d accumulations alone %.1f ms, the window update alone %.1f ms (-za gpu: the host's whole window),\n"
+           "  both at the same time on their two threads %.1f ms (-za cpu)\n",
+           window_u, window_n, all, window_u, ms_acc, ms_upd, ms_both);
+    printf("RESULT window_u %d\nRESULT window_n %zu\nRESULT window_accumulate_ms %.3f\n"
+           "RESULT window_update_ms %.3f\nRESULT window_both_ms %.3f\n", window_u, window_n, ms_acc, ms_upd, ms_both);
+    int rc = zf_updater_destroy(acc_thread);
+    int rc_u = zf_updater_destroy(u);
+    free(state.arena);
+    free(w.arena);
+    return rc != 0 ? rc : rc_u;
 }

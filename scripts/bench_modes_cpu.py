@@ -132,20 +132,28 @@ def model_shape(model):
     return None
 
 
-def pcie_mb(model, mode, topk=0.1, update_interval=4):
-    """(d2h, h2d) MB per step for the mode, or (None, None) if the shape is unknown."""
+def cpu_owned_elems(model, topk):
+    """The matrix elements the CPU owns at topk ratio k (spec 2: each matrix keeps its
+    n_sel = floor(k IC + 0.5) top columns on the GPU), or None if the shape is unknown."""
     shape = model_shape(model)
     if shape is None:
-        return None, None
+        return None
     L, C, maxT, Vp = shape
-    mats = [(Vp, C), (maxT, C)] + [(3 * C, C), (C, C), (4 * C, C), (C, 4 * C)] * L
+    mats = [(Vp, C), (maxT, C)] + [(3 * C, C), (C, C), (4 * C, C), (C, 4 * C)] * L  # (OC, IC)
+    return sum(rows * (cols - int(topk * cols + 0.5)) for rows, cols in mats)
+
+
+def pcie_mb(model, mode, topk=0.1, update_interval=4):
+    """(d2h, h2d) MB per step for the mode, or (None, None) if the shape is unknown."""
+    if model_shape(model) is None:
+        return None, None
     if mode == "adamw":
         return 0.0, 0.0
     if mode == "offload":
         k, U = 0.0, 1
     else:
         k, U = topk, update_interval
-    cpu_elems = sum(rows * (cols - int(k * cols + 0.5)) for rows, cols in mats)
+    cpu_elems = cpu_owned_elems(model, k)
     return cpu_elems * 4 / 1e6, cpu_elems * 4 / U / 1e6
 
 

@@ -9,8 +9,8 @@
 # its $OUT, and this script writes dozens of logs. On a lent GPU:
 #   bash scripts/gpu_check.sh /tmp/gpu_check --out $OUT
 # --only: run just these stages after the builds (a second run on the same lease, for what
-# the first one left SKIPPED "out of time"): tests resume devcuda sanitizer llmc zenflow
-# timeline d12 random, e.g. --only "sanitizer timeline"
+# the first one left SKIPPED "out of time"): tests resume devcuda sanitizer llmc host
+# zenflow timeline d12 random, e.g. --only "sanitizer timeline"
 #
 # 1. builds train_gpt2cu, test_gpt2cu and dev/cuda for sm_90 (in parallel, into build/gpu_check)
 # 2. finds the PyTorch reference cases (dev/test/ref/*/state.bin, and the ZenFlow cases
@@ -28,6 +28,9 @@
 #    shard of random tokens written here (no network needed):
 #    - ours against llm.c's fp32 trainer, side by side: scripts/bench_llmc.sh (d12, B = 4
 #      and 16, T = 1024; needs build/llmc_ref, from scripts/get_llmc.sh, else SKIPPED);
+#    - the host's CPU side (no GPU needed, about 10 s): scripts/bench_cpu_adam.py, one ZenFlow
+#      window's CPU work on this host's cores, and so the shortest step at which the CPU
+#      keeps up, per model and transport (the table goes into the summary);
 #    - ZenFlow: scripts/bench_zenflow.sh --quick (d12 and d48, adamw / offload / zenflow
 #      with both transports); both tables are appended to the summary;
 #    - the d12 timelines of offload and zenflow (-tr, steps 4..7) for the teaching pictures;
@@ -52,7 +55,7 @@
 set -u
 
 usage() { echo "usage: $0 <logdir> [--out <dir>] [--only \"<stages>\"] (stages: $STAGES)" >&2; exit 2; }
-STAGES="tests resume devcuda sanitizer llmc zenflow timeline d12 random"
+STAGES="tests resume devcuda sanitizer llmc host zenflow timeline d12 random"
 PACK_DIR=""
 ONLY=""
 [ $# -ge 1 ] || usage
@@ -218,6 +221,10 @@ build_started=$(date +%s)
 run_logged "$LOGDIR/build_cpu_adam.log" 120 \
     "$CXX" -O3 -march=native -std=c++17 -fopenmp -ffp-contract=off -Wall -c cpu_adam.cpp -o "$BUILD/cpu_adam.o"
 rc_cpu_adam=$?
+run_logged "$LOGDIR/build_bench_cpu_adam.log" 120 \
+    "$CXX" -O3 -march=native -std=c++17 -fopenmp -ffp-contract=off -Wall dev/bench_cpu_adam.cpp "$BUILD/cpu_adam.o" \
+    -o "$BUILD/bench_cpu_adam" -lpthread -lm &
+pid_bench_cpu_adam=$!
 run_logged "$LOGDIR/build_train_gpt2cu.log" 300 \
     "$NVCC" $NVCCFLAGS train_gpt2.cu "$BUILD/cpu_adam.o" -o "$BUILD/train_gpt2cu" $LIBS &
 pid_train=$!
@@ -253,6 +260,7 @@ pid_dev=$!
 wait $pid_train; rc_train=$?
 wait $pid_test; rc_test=$?
 wait $pid_dev; rc_dev=$?
+wait $pid_bench_cpu_adam; rc_bench_cpu_adam=$?
 build_s=$(( $(date +%s) - build_started ))
 [ $rc_cpu_adam -ne 0 ] && rc_train=$rc_cpu_adam && rc_test=$rc_cpu_adam  # they link it
 record "build train_gpt2cu" "$(status_word $rc_train)" "$(timeout_note $rc_train) (${build_s}s for all builds)"
@@ -495,6 +503,29 @@ else
     fi
 fi
 
+# ZenFlow's CPU side on this host (issue 5): a window's accumulations and AdamW on the
+# trainer's two threads, scaled to d12 .. d48; whether the host can keep up with the GPU's
+# steps at all decides the stall before any copy does (scripts/bench_cpu_adam.py)
+HOST_MD=""
+if skip_stage host "host CPU side"; then
+    :
+elif [ $rc_bench_cpu_adam -ne 0 ] || [ $rc_cpu_adam -ne 0 ]; then
+    record "host CPU side" FAIL "build failed (see build_bench_cpu_adam.log)"
+else
+    run_logged "$LOGDIR/bench_cpu_adam.log" 90 python3 scripts/bench_cpu_adam.py --bin "$BUILD/bench_cpu_adam" \
+        --no-torch --reps 3
+    rc=$?
+    sed -n "/^ZenFlow's CPU side on this host/,/shares the bus/p" "$LOGDIR/bench_cpu_adam.log" >"$LOGDIR/host_side.md"
+    d48=$(awk -F'|' '$2 ~ /^ *d48 *$/ { gsub(/^ +| +$/, "", $5); gsub(/^ +| +$/, "", $7); print $5 "/" $7 }' \
+          "$LOGDIR/host_side.md")
+    if [ $rc -ne 0 ] || [ -z "$d48" ]; then
+        record "host CPU side" FAIL "$(timeout_note $rc): $(tail -1 "$LOGDIR/bench_cpu_adam.log")"
+    else
+        HOST_MD="$LOGDIR/host_side.md"
+        record "host CPU side" PASS "$(nproc) cores; d48 k=0.1 U=4: the CPU keeps up with steps >= ${d48%/*} (-za cpu), >= ${d48#*/} (-za gpu)"
+    fi
+fi
+
 # ZenFlow (issue 5): the modes side by side, d12 and d48; it stops starting runs in time
 ZF_BENCH_MD=""
 if skip_stage zenflow "bench zenflow"; then
@@ -594,6 +625,10 @@ failed=0
     if [ -n "$ZF_BENCH_MD" ] && [ -f "$ZF_BENCH_MD" ]; then
         echo
         cat "$ZF_BENCH_MD"
+    fi
+    if [ -n "$HOST_MD" ]; then
+        echo
+        cat "$HOST_MD"
     fi
     echo
     echo "total time: $(( $(date +%s) - START )) s; logs in $LOGDIR; $failed stage(s) failed"
