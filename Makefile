@@ -34,7 +34,7 @@ CUDA_ARCH ?= $(CUDA_ARCH_DEFAULT)
 NVCCFLAGS ?= -O3 -std=c++17 -fmad=false $(CUDA_ARCH) -Xcompiler -Wall,-fopenmp,-ffp-contract=off
 NVCC_LDLIBS = -lcublasLt -lcublas -lgomp -lpthread
 
-CPU_BINS = train_gpt2cpu test_gpt2cpu test_zenflow test_cpu_adam zenflow_async
+CPU_BINS = train_gpt2cpu test_gpt2cpu test_zenflow test_cpu_adam zenflow_async sim_stall
 TSAN_BINS = test_cpu_adam_tsan test_zenflow_tsan train_gpt2cpu_tsan
 ASAN_BINS = test_gpt2cpu_asan test_zenflow_asan train_gpt2cpu_asan
 ifneq ($(NVCC_FOUND),)
@@ -75,7 +75,11 @@ build/arch/train_gpt2cpu_%: dev/train_gpt2.cpp cpu_adam.cpp cpu_adam.h $(HEADERS
 	@mkdir -p build/arch
 	$(CXX) -O3 -march=$* $(filter-out -O3 -march=native,$(CXXFLAGS)) $< cpu_adam.cpp -o $@ $(LDLIBS)
 
-bench_cpu_adam: dev/bench_cpu_adam.cpp cpu_adam.o cpu_adam.h
+bench_cpu_adam: dev/bench_cpu_adam.cpp cpu_adam.o $(HEADERS)
+	$(CXX) $(CXXFLAGS) $< cpu_adam.o -o $@ $(LDLIBS)
+
+# a simulated GPU beside ZenFlow's real CPU side: the stall per GPU step time (make bench)
+sim_stall: dev/sim_stall.cpp cpu_adam.o $(HEADERS)
 	$(CXX) $(CXXFLAGS) $< cpu_adam.o -o $@ $(LDLIBS)
 
 test_cpu_adam: dev/test_cpu_adam.cpp cpu_adam.o cpu_adam.h
@@ -213,9 +217,11 @@ bench_llmc_cpu: deps data train_gpt2cpu
 	@[ -f build/llmc_ref/train_gpt2.c ] || bash scripts/get_llmc.sh $(LLMC_GIT)
 	$(PYTHON) scripts/bench_llmc_cpu.py
 
-# cpu_adam vs torch.optim.AdamW vs the memory-bandwidth limit, one table
-bench: deps bench_cpu_adam
+# cpu_adam vs torch.optim.AdamW vs the memory-bandwidth limit, and what the CPU side means
+# for ZenFlow: the shortest step this host keeps up with, predicted, then simulated
+bench: deps bench_cpu_adam sim_stall
 	$(PYTHON) scripts/bench_cpu_adam.py --bin ./bench_cpu_adam
+	./sim_stall
 
 clean:
 	rm -f $(CPU_BINS) $(TSAN_BINS) $(ASAN_BINS) bench_cpu_adam train_gpt2cu test_gpt2cu *.o
