@@ -80,6 +80,7 @@ typedef struct {
     float *p, *m, *v, *g, *acc;
     size_t n;
     int s;
+    int count;  // steps in the window whose mean run_adam_mean takes (acc holds 4 g)
     ZfAdamHyper h;
 } AdamArgs;
 
@@ -104,6 +105,7 @@ static AdamArgs make_adam(size_t n, size_t gap) {
     }
     a.n = n;
     a.s = 0;
+    a.count = 4;
     a.h = ZfAdamHyper{6e-4f, 0.9f, 0.95f, 1e-8f, 0.1f};
     return a;
 }
@@ -114,7 +116,7 @@ static void run_adam(void* a) {
 }
 static void run_adam_mean(void* a) {
     AdamArgs* x = (AdamArgs*)a;
-    zf_cpu_adam_step_mean(x->p, x->m, x->v, x->acc, 4, x->n, x->h, ++x->s);
+    zf_cpu_adam_step_mean(x->p, x->m, x->v, x->acc, x->count, x->n, x->h, ++x->s);
 }
 static void run_accumulate(void* a) {
     AdamArgs* x = (AdamArgs*)a;
@@ -183,15 +185,8 @@ static int accumulate_job(void* arg) {
     return 0;
 }
 
-typedef struct {
-    AdamArgs* state;  // its p, m, v: the CPU master and moments; its acc: the window's A
-    int count;        // U
-} WindowArgs;
-
-static int window_update_job(void* arg) {
-    WindowArgs* x = (WindowArgs*)arg;
-    AdamArgs* a = x->state;
-    zf_cpu_adam_step_mean(a->p, a->m, a->v, a->acc, x->count, a->n, a->h, ++a->s);
+static int window_update_job(void* a) {  // a: AdamArgs whose count is U
+    run_adam_mean(a);
     return 0;
 }
 
@@ -311,7 +306,7 @@ int main(int argc, char** argv) {
     AdamArgs w = make_adam(window_n, 64 << 10);      // the accumulator's A (w.acc) and staging (w.g)
     AccumulateArgs acc_jobs[2];
     for (int j = 0; j < 2; j++) { acc_jobs[j] = AccumulateArgs{w.acc, w.g, window_n, j == 0}; }
-    WindowArgs update = {&state, window_u};
+    state.count = window_u;
     ZfUpdater* acc_thread = zf_updater_create(all);
     std::vector<double> both, upd_alone, acc_alone;
     for (int r = 0; r <= reps; r++) {  // r = 0 warms up the accumulator's thread pool
@@ -322,9 +317,9 @@ int main(int argc, char** argv) {
         }
         zf_updater_wait(acc_thread, last);
         double t1 = now_s();
-        zf_updater_wait(u, zf_updater_submit(u, window_update_job, &update));
+        zf_updater_wait(u, zf_updater_submit(u, window_update_job, &state));
         double t2 = now_s();
-        long tu = zf_updater_submit(u, window_update_job, &update);
+        long tu = zf_updater_submit(u, window_update_job, &state);
         for (int step = 0; step < window_u; step++) {
             last = zf_updater_submit(acc_thread, accumulate_job, &acc_jobs[step == 0 ? 0 : 1]);
         }
