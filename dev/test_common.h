@@ -247,7 +247,10 @@ static inline void check_windows(const char* ours_path, const char* ref_path, in
 // within near_tie, relative, of the boundary score) is detected and reported as NEAR-TIE
 // with the scores; the runs then follow different paths, so losses are comparable only up to
 // that step. Any other difference in the selection is a failure (printed, and the comparison
-// stops). Lines are printed with `indent`. Returns 1 if identical or near-ties only;
+// stops): a column past the matrix or far from the boundary, a column listed twice (the
+// reference's boundary column would be missing, and it is always "within" the band), and the
+// right columns in another order (both sides list them ascending, spec 4.2). test_zenflow
+// checks this checker on made-up selections. Lines are printed with `indent`. Returns 1 if identical or near-ties only;
 // *first_tie = the first near-tie's step, else INT_MAX; *events = the selection events
 // compared (entries of matrix 0).
 static inline int compare_selections(const std::vector<Selection>& ours, const std::vector<Selection>& ref,
@@ -270,7 +273,8 @@ static inline int compare_selections(const std::vector<Selection>& ours, const s
         size_t n = r.cols.size();
         double boundary = n > 0 && n <= sorted.size() ? sorted[n - 1] : 0.0;
         std::set<int> sa(a.cols.begin(), a.cols.end()), sr(r.cols.begin(), r.cols.end());
-        int near = a.cols.size() == n && r.scores.size() > 0;
+        // the same number of distinct columns, and not merely the same ones in another order
+        int near = a.cols.size() == n && sa.size() == n && sa != sr && r.scores.size() > 0;
         // (a column past the matrix is never a near-tie: it is a bug)
         auto within = [&](int j) {
             return j >= 0 && (size_t)j < r.scores.size() && fabs(r.scores[j] - boundary) <= near_tie * boundary;

@@ -17,7 +17,9 @@ zeroes the gradients, and the passes call the per-layer hooks (-zp 1, transfers 
    rounding of each other at the selection boundary the two sides may legitimately pick
    different columns. That case is detected and reported as NEAR-TIE with the scores; the
    runs then follow different paths, so losses are compared only up to that step. Any
-   other difference in the selection is a failure.
+   other difference in the selection is a failure. Since every ZenFlow test shares this
+   checker (test_common.h), it is first tried on made-up selections that it must reject:
+   a column twice, the right columns out of order, one far from the boundary or past it.
 2. Exact invariants (bitwise, on the first case's model and data):
    - zenflow with U = 1 and overlap off equals adamw for k = 0.05, 0.1, 0.5 (and with S = 2
      the moments migrate at every other step, so this also proves no moment is lost);
@@ -136,11 +138,45 @@ static void test_invariants(const char* dir) {
     check(!bitwise_equal(first, ref), "zenflow with U=3 and overlap equals adamw: is the CPU side doing anything?");
 }
 
+// The checker of part 1 (test_common.h's compare_selections, which test_gpt2cu and the
+// random cases use too) on made-up selections: it must accept identical columns and a swap
+// at a near-tie, and reject everything else, since any selection it accepts wrongly also
+// cuts the loss comparison short. One matrix of 6 columns picks 3; the reference's scores
+// have its boundary (3rd largest, 4.0) within 1e-5 of the 4th (3.99999).
+static void test_selection_checker(void) {
+    printf("== the selection checker on made-up selections\n");
+    std::vector<double> scores = {9.0, 1.0, 4.0, 3.99999, 8.0, 2.0};
+    auto sel = [&](std::vector<int> cols) { return std::vector<Selection>{{5, 0, cols, scores}}; };
+    std::vector<Selection> ref = sel({0, 2, 4});
+    struct {
+        std::vector<int> ours;
+        int accepted, tie;
+        const char* what;
+    } cases[] = {
+        {{0, 2, 4}, 1, 0, "the reference's columns"},
+        {{0, 3, 4}, 1, 1, "a swap at the boundary (a near-tie)"},
+        {{0, 1, 4}, 0, 0, "a column far below the boundary"},
+        {{0, 4, 2}, 0, 0, "the right columns in another order"},
+        {{0, 4, 4}, 0, 0, "a column twice (the boundary one missing)"},
+        {{0, 4}, 0, 0, "a column too few"},
+        {{0, 4, 6}, 0, 0, "a column past the matrix"},
+    };
+    for (const auto& k : cases) {
+        int tie, events;
+        int ok = compare_selections(sel(k.ours), ref, 1e-5, "    ", &tie, &events);
+        int right = ok == k.accepted && (tie == 5) == k.tie && events == 1;
+        printf("  %-44s %s %s\n", k.what, ok ? (tie == 5 ? "accepted as a near-tie" : "accepted") : "rejected",
+               right ? "ok" : "WRONG");
+        check(right, "the selection checker judged a made-up selection wrongly");
+    }
+}
+
 int main(int argc, char* argv[]) {
     if (argc < 2) {
         fprintf(stderr, "usage: %s <zenflow case dir> [...] (see scripts/make_test_refs.sh)\n", argv[0]);
         return 2;
     }
+    test_selection_checker();
     for (int i = 1; i < argc; i++) { test_against_reference(argv[i]); }
     test_invariants(argv[1]);
     printf("test_zenflow: %d passed, %d failed\n", g_passed, g_failed);

@@ -120,6 +120,8 @@ def test_adamw_close_to_torch_optim():
         opt_b.step()
     for name in ref.PARAM_NAMES:
         diff = (a.params[name] - b.params[name]).abs().max().item()
+        # 3 steps of a dozen fp32 operations on values below 1: rounding stays near 1e-7; a
+        # wrong term (a bias correction, decay on a vector) moves a parameter by about lr = 1e-2
         assert diff < 1e-6, f"{name}: max difference {diff}"
 
 
@@ -150,6 +152,9 @@ def test_init_statistics_and_determinism():
     model = ref.read_model(tmp("init.bin"))
     P, L = model.params, 4
 
+    # The std of n normal samples is off by about std / sqrt(2 n): 0.8% for the smallest tensor
+    # here (wpe, 64 x 128), so 3% is 4 sigma; a missing 1/sqrt(2L) is off by 65%. The mean's
+    # error is std / sqrt(n), below 3e-4: 1e-3 catches a shifted (one-sided) init.
     def close(value, target, rel):
         return abs(value - target) <= rel * target
 
@@ -211,6 +216,8 @@ def test_gradients_vs_finite_differences_float64():
                 p[idx] = saved
                 numeric = (plus - minus) / (2 * h)
                 analytic = p.grad[idx].item()
+                # float64, central difference with h = 1e-5: truncation ~h^2 and rounding ~1e-16 / h,
+                # both near 1e-10, far below 1e-6; a wrong gradient term is off by O(1)
                 assert abs(numeric - analytic) <= 1e-9 + 1e-6 * abs(analytic), f"{name}{tuple(idx)}: autograd {analytic} vs " \
                                    f"finite difference {numeric}"
     assert model.params["wpe"].grad[5:].abs().max() == 0, "positions >= T get no gradient"
@@ -224,6 +231,8 @@ def test_loss_at_init_is_ln_V():
     x = torch.randint(0, 97, (4, 16), generator=gen)
     y = torch.randint(0, 97, (4, 16), generator=gen)
     _, loss = model(x, y)
+    # weights of std 0.02 make the logits nearly 0, the softmax nearly uniform: the loss is
+    # ln V to about 1e-3; 0.05 (1%) still fails a model whose logits are not centred
     assert abs(loss.item() - math.log(97)) < 0.05, f"loss {loss.item()} vs ln V {math.log(97)}"
 
 
@@ -279,6 +288,7 @@ def test_forward_vs_independent_numpy_float64():
         logits, loss = model(x, y)
     P = {name: p.detach().numpy() for name, p in model.params.items()}
     np_logits, np_loss = numpy_gpt2_loss(P, config, x.numpy(), y.numpy())
+    # both float64: the same math in another library differs by a few ulps (~1e-15) only
     assert np.abs(logits.numpy() - np_logits).max() < 1e-12
     assert abs(loss.item() - np_loss) < 1e-12, (loss.item(), np_loss)
 
@@ -393,7 +403,7 @@ def test_state_file_cli():
     # the loss is the mean cross-entropy, recomputed here in float64 from the logits
     lp = torch.log_softmax(state["logits"].double(), dim=-1)
     nll = -lp.gather(-1, state["y"].unsqueeze(-1)).mean().item()
-    assert abs(nll - state["loss"].item()) < 1e-5
+    assert abs(nll - state["loss"].item()) < 1e-5  # the fp32 loss (~5) is good to ~1e-6
 
 
 def test_train_cli():
