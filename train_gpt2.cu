@@ -615,7 +615,7 @@ int main(int argc, char* argv[]) {
     FILE* metrics = NULL;
     if (metrics_path != NULL) {
         metrics = fopen_check(metrics_path, "w");
-        fprintf(metrics, "step,loss,ms,gpu_ms,compute_ms,stall_ms,cpu_ms,d2h_bytes,h2d_bytes,window_update_ms\n");
+        fprintf(metrics, "step,loss,ms,gpu_ms,compute_ms,stall_ms,cpu_ms,d2h_bytes,h2d_bytes,window_update_ms,select_ms\n");
     }
 
     ZfAdamHyper hyper = {lr, 0.9f, 0.95f, 1e-8f, weight_decay};
@@ -688,13 +688,14 @@ int main(int argc, char* argv[]) {
                model.mean_loss, ms, B * T / (ms / 1e3), st.stall_ms, (st.d2h_bytes + st.h2d_bytes) / 1e6);
         if (zcfg.mode != ZF_MODE_ADAMW) { printf(" | cpu %.1f ms", zf.cpu_update_ms); }
         if (zcfg.mode == ZF_MODE_ZENFLOW) { printf(" | moved %d", zf.moved_columns); }
+        if (zf.select_ms > 0.0) { printf(" | select %.1f ms", zf.select_ms); }  // this step selected
         if (zcfg.update_interval == ZF_AUTO && zf.closed_window > 0) { printf(" | window %d", zf.closed_window); }
         printf("\n");
         if (logfile) { fprintf(logfile, "s:%d trl:%f\n", step + 1, model.mean_loss); fflush(logfile); }
         if (metrics) {
-            fprintf(metrics, "%d,%.6f,%.3f,%.3f,%.3f,%.3f,%.3f,%.0f,%.0f,%.3f\n", step + 1, model.mean_loss, ms,
+            fprintf(metrics, "%d,%.6f,%.3f,%.3f,%.3f,%.3f,%.3f,%.0f,%.0f,%.3f,%.3f\n", step + 1, model.mean_loss, ms,
                     st.gpu_ms, st.compute_ms, st.stall_ms, st.cpu_ms, st.d2h_bytes, st.h2d_bytes,
-                    zf.cpu_update_ms);
+                    zf.cpu_update_ms, zf.select_ms);
             fflush(metrics);
         }
     }

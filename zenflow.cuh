@@ -63,9 +63,12 @@ it layer by layer in the next forward, and each scatter waits only for its own l
   default:   |e fwd-enc|0 fwd-layer 0|1 fwd-layer 1| ...
 
 Stall (spec 8) is measured on the default stream: each wait of that stream for a copy, and
-each time the main thread blocks on the CPU side (zenflow.h's host_blocks), is bracketed by
+each time the main thread blocks on the CPU side (zenflow.h's host_blocks: a wait for the
+CPU threads, a synchronous update, a whole selection with its migration), is bracketed by
 two timing events; their elapsed time is how long the GPU had nothing to do. Compute =
-the step's elapsed time on the default stream minus the stall.
+the step's elapsed time on the default stream minus the stall. (A selection's own kernels,
+the column scores and the gathers of the new CPU columns, fall inside its bracket: a few
+passes over the gradients and parameters, counted as stall with the host's part.)
 
 Memory: each staging buffer holds all CPU-owned columns ((1-k) M floats); two with overlap
 (a window's result waits in one while gradients leave through the other). Why not a ring of
@@ -788,14 +791,16 @@ static void zf_cuda_grads_from_host(void* ctx, const ZenFlow* zf, const float* h
 
 // The GPU moments' layout (row by row per matrix) to and from zenflow.h's (column by
 // column); the vectors are the same in both. Host loops: this runs only at a selection or a
-// checkpoint. Also used by dev/cuda/zenflow_host.cu.
+// checkpoint, on all threads (k of the model's moments: 1.2 GB at GPT-2 1.5B), each thread
+// writing whole columns, or whole rows, of its own. Also used by dev/cuda/zenflow_host.cu.
 static void zf_moments_rows_to_columns(const ZenFlow* zf, const float* rows, float* cols) {
     memcpy(cols, rows, zf->vector_elems * sizeof(float));
     for (int i = 0; i < zf->num_matrices; i++) {
         const ZfMatrix* mat = &zf->matrices[i];
         size_t base = zf->vector_elems + mat->gpu_offset;
-        for (int o = 0; o < mat->rows; o++) {
-            for (int r = 0; r < mat->n_sel; r++) {
+#pragma omp parallel for schedule(static)
+        for (int r = 0; r < mat->n_sel; r++) {
+            for (int o = 0; o < mat->rows; o++) {
                 cols[base + (size_t)r * mat->rows + o] = rows[base + (size_t)o * mat->n_sel + r];
             }
         }
@@ -807,6 +812,7 @@ static void zf_moments_columns_to_rows(const ZenFlow* zf, const float* cols, flo
     for (int i = 0; i < zf->num_matrices; i++) {
         const ZfMatrix* mat = &zf->matrices[i];
         size_t base = zf->vector_elems + mat->gpu_offset;
+#pragma omp parallel for schedule(static)
         for (int o = 0; o < mat->rows; o++) {
             for (int r = 0; r < mat->n_sel; r++) {
                 rows[base + (size_t)o * mat->n_sel + r] = cols[base + (size_t)r * mat->rows + o];

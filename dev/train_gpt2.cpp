@@ -1200,6 +1200,7 @@ int main(int argc, char* argv[]) {
                B * T / (ms / 1e3));
         if (zcfg.mode != ZF_MODE_ADAMW) { printf(" | cpu %.1f ms", zf.cpu_update_ms); }
         if (zcfg.mode == ZF_MODE_ZENFLOW) { printf(" | moved %d", zf.moved_columns); }
+        if (zf.select_ms > 0.0) { printf(" | select %.1f ms", zf.select_ms); }  // this step selected
         if (zcfg.update_interval == ZF_AUTO && zf.closed_window > 0) { printf(" | window %d", zf.closed_window); }
         printf("\n");
         if (logfile) { fprintf(logfile, "s:%d trl:%f\n", step + 1, model.mean_loss); fflush(logfile); }

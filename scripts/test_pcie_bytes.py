@@ -18,8 +18,10 @@ And the benchmark's retry past the host-memory check (check_retry below).
 And, with --emulated-gpu, the stall's bookkeeping (its size needs a GPU, its structure does
 not): on the emulator (eager schedule: an event reads the host clock when it is recorded)
 adamw never stalls, and offload's stall includes its synchronous CPU update (stall >= CPU
-ms), since the GPU idles while the main thread waits for the CPU. (On a GPU the two clocks
-differ and the GPU may still be busy when the CPU starts, so this exact bound is not checked.)
+ms), since the GPU idles while the main thread waits for the CPU; so does a zenflow step's
+that selects and migrates (stall >= its select ms; check_selection_stall). (On a GPU the two
+clocks differ and the GPU may still be busy when the CPU starts, so these exact bounds are
+not checked.)
 
     /usr/bin/python3 scripts/test_pcie_bytes.py <trainer> [--model d2c64h2] [--emulated-gpu]
 
@@ -112,7 +114,11 @@ def main():
               f"{'-' if ratio is None else f'{ratio:.4f}':>10} {opt:8.1f} {opt_mib[mode]:8.2f} "
               f"{opt_mib[mode] / opt_mib['adamw']:8.1%} {stall:8.3f} {cpu:8.3f}  {'ok' if ok else 'FAIL'}")
     failed += check_retry(trainer, model, rows)
-    print(f"pcie bytes: {len(MODES) + 1 - failed} passed, {failed} failed")
+    checks = len(MODES) + 1
+    if emulated:
+        failed += check_selection_stall(trainer)
+        checks += 1
+    print(f"pcie bytes: {checks - failed} passed, {failed} failed")
     return 1 if failed else 0
 
 
@@ -148,6 +154,33 @@ def check_retry(trainer, model, rows):
     ok = named == [f"{model}/offload"] and same
     print(f"{'retry':12} MemAvailable 0.01 MiB: retried {named or 'nothing'}, "
           f"{'the same' if same else 'other'} bytes as above  {'ok' if ok else 'FAIL'}")
+    return 0 if ok else 1
+
+
+def check_selection_stall(trainer):
+    """Spec 8 on the emulator: a zenflow step that selects (and from the second selection on
+    migrates every moment) has the GPU wait for the host the whole time, so its stall covers
+    its select ms (the trainer's -zm column select_ms, host clock). The test case zf_a's model
+    and shard, U = 2 and S = 2: a selection every other step. Returns 0 or 1."""
+    case = "dev/test/ref/zf_a"
+    with tempfile.TemporaryDirectory() as out:
+        csv = os.path.join(out, "steps.csv")
+        argv = [trainer, "-e", f"{case}/model.bin", "-i", f"{case}/train.bin", "-j", f"{case}/train.bin",
+                "-b", "4", "-t", "16", "-x", "8", "-v", "0", "-s", "0", "-zo", "zenflow", "-zu", "2", "-zs", "2",
+                "-zm", csv]
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+        if r.returncode != 0:
+            print(r.stdout[-2000:], r.stderr[-2000:])
+            print(f"{'selection':12} the trainer exited {r.returncode}  FAIL")
+            return 1
+        with open(csv) as f:
+            header = f.readline().strip().split(",")
+            rows = [dict(zip(header, line.strip().split(","))) for line in f]
+    selecting = [(int(r["step"]), float(r["stall_ms"]), float(r["select_ms"])) for r in rows
+                 if float(r["select_ms"]) > 0]
+    ok = len(selecting) >= 3 and all(stall + 0.002 >= sel for _, stall, sel in selecting)  # %.3f in the file
+    print(f"{'selection':12} steps that selected (step: stall ms / select ms): "
+          + ", ".join(f"{t}: {stall:.3f}/{sel:.3f}" for t, stall, sel in selecting) + f"  {'ok' if ok else 'FAIL'}")
     return 0 if ok else 1
 
 
