@@ -808,7 +808,7 @@ static inline void zf_select(ZenFlow* zf, int t) {
                 old_v[j] = zf->v + at;
             }
         }
-        // every (m, v) of the model is copied once here: on all threads (one thread
+        // every matrix element's (m, v) is copied once here: on all threads (one thread
         // reaches a fraction of the memory bandwidth; at GPT-2 1.5B these are 12 GB)
         int moved = 0;
 #pragma omp parallel for schedule(static) reduction(+ : moved)

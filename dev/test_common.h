@@ -250,9 +250,9 @@ static inline void check_windows(const char* ours_path, const char* ref_path, in
 // stops): a column past the matrix or far from the boundary, a column listed twice (the
 // reference's boundary column would be missing, and it is always "within" the band), and the
 // right columns in another order (both sides list them ascending, spec 4.2). test_zenflow
-// checks this checker on made-up selections. Lines are printed with `indent`. Returns 1 if identical or near-ties only;
-// *first_tie = the first near-tie's step, else INT_MAX; *events = the selection events
-// compared (entries of matrix 0).
+// checks this checker on made-up selections. Lines are printed with `indent`. Returns 1 if
+// identical or near-ties only; *first_tie = the first near-tie's step, else INT_MAX;
+// *events = the selection events compared (entries of matrix 0).
 static inline int compare_selections(const std::vector<Selection>& ours, const std::vector<Selection>& ref,
                                      double near_tie, const char* indent, int* first_tie, int* events) {
     int ok = ours.size() == ref.size();
