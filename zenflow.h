@@ -316,10 +316,13 @@ static inline int zf_n_sel(double k, int cols) { return (int)floor(k * cols + 0.
 // would pay for its pages and take 50x longer than the later ones (d4c256h4 on the 2-core
 // build machine: 330-400 ms instead of 4-8), slowing the steps it overlaps, or stalling
 // the next boundary where it outlasts its window; so would the first accumulation into
-// each accumulator (20-40 ms instead of 2). zf_init pays it at start for the window
-// state (master, m, v; in zenflow mode the two accumulators), as cudaHostRegister does for
-// the pinned buffers. The rest stay calloc'ed: the accumulators, which offload's windows of
-// one step never use, and the reselection buffers, which adamw and offload never write.
+// each accumulator (20-40 ms instead of 2), and so would the first migration (4.2.4) into
+// m_new and v_new (d12: 3.0 s instead of 0.7, all of it stall; GPT-2 1.5B: 11 GB of new pages
+// at step 100). zf_init pays it at start for the window state (master, m, v; in zenflow
+// mode the two accumulators) and, when zenflow will migrate, the reselection buffers, as
+// cudaHostRegister does for the pinned buffers; and checks that they fit. The rest stay
+// calloc'ed: the accumulators, which offload's windows of one step never use, and the
+// reselection buffers of adamw and offload (only a checkpoint writes them).
 static inline float* zf_host_zeros(size_t n) {
     float* p = (float*)malloc_check(n * sizeof(float));
 #pragma omp parallel for schedule(static) if (n >= (1 << 16))
@@ -436,16 +439,18 @@ static inline void zf_init(ZenFlow* zf, ZfConfig cfg, const GPT2Config* model, Z
         zf->cpu_capacity += (size_t)(cpu_owns_all ? mat->cols : mat->cols - n_sel) * mat->rows;
     }
     size_t c = zf->cpu_capacity, g = zf->vector_elems + zf->gpu_capacity;
-    // what the first windows write (the window state, the staging) must fit; zenflow's
-    // reselections later add their buffers (zf_host_bytes has them all)
+    // what training writes must fit: the window state, the staging, and zenflow's selection
+    // buffers (a migration, 4.2.4, follows a warm-up and every reselection)
     int zenflow = cfg.mode == ZF_MODE_ZENFLOW;
-    double need = 4.0 * (3.0 + 2.0 * zenflow + zf_staging_buffers(&cfg)) * c;
+    int migrates = zenflow && (cfg.select_interval > 0 || cfg.warmup > 0);
+    double need = 4.0 * ((3.0 + 2.0 * zenflow + 2.0 * migrates + zf_staging_buffers(&cfg)) * c + 4.0 * zenflow * g);
     double available = zf_host_memory_available();
     if (available >= 0 && need > available) {
-        zf_fail("ZenFlow's CPU side needs %.1f MiB of host memory and %.1f MiB are available (hint: "
+        zf_fail("ZenFlow's CPU side needs %.2f MiB of host memory and %.2f MiB are available (hint: "
                 "a smaller model; in zenflow mode also a larger -zk (fewer columns on the CPU), "
-                "-za gpu (no staging buffers) or -zv 0 (one instead of two); on a virtual machine whose "
-                "memory grows as it is used, ZF_HOST_MEMORY_MB=<MiB> says how much it can have)",
+                "-za gpu (no staging buffers), -zv 0 (one instead of two) or -zs 0 without -zw "
+                "(no migration buffers); on a virtual machine whose memory grows as it is used, "
+                "ZF_HOST_MEMORY_MB=<MiB> says how much it can have)",
                 need / 1048576.0, available / 1048576.0);
     }
     zf->master = zf_host_zeros(c);
@@ -457,12 +462,12 @@ static inline void zf_init(ZenFlow* zf, ZfConfig cfg, const GPT2Config* model, Z
         zf->grad_stage[i] = (float*)calloc_check(c, sizeof(float));
     }
     zf->stage_reader[0] = zf->stage_reader[1] = zf_no_job;
-    zf->m_new = (float*)calloc_check(c, sizeof(float));
-    zf->v_new = (float*)calloc_check(c, sizeof(float));
-    zf->gpu_m_old = (float*)calloc_check(g, sizeof(float));
-    zf->gpu_v_old = (float*)calloc_check(g, sizeof(float));
-    zf->gpu_m_new = (float*)calloc_check(g, sizeof(float));
-    zf->gpu_v_new = (float*)calloc_check(g, sizeof(float));
+    zf->m_new = migrates ? zf_host_zeros(c) : (float*)calloc_check(c, sizeof(float));
+    zf->v_new = migrates ? zf_host_zeros(c) : (float*)calloc_check(c, sizeof(float));
+    zf->gpu_m_old = zenflow ? zf_host_zeros(g) : (float*)calloc_check(g, sizeof(float));
+    zf->gpu_v_old = zenflow ? zf_host_zeros(g) : (float*)calloc_check(g, sizeof(float));
+    zf->gpu_m_new = zenflow ? zf_host_zeros(g) : (float*)calloc_check(g, sizeof(float));
+    zf->gpu_v_new = zenflow ? zf_host_zeros(g) : (float*)calloc_check(g, sizeof(float));
     zf->c_sum = (double*)calloc_check(zf->num_matrices, sizeof(double));
     zf->sum_sel = (double*)calloc_check(zf->num_matrices, sizeof(double));
     zf->sum_cpu = (double*)calloc_check(zf->num_matrices, sizeof(double));

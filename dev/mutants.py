@@ -232,6 +232,10 @@ MUTANTS = [
     ("B3", "zenflow.h", "    if (available >= 0 && need > available) {", "    if (0) {",
      "a CPU side too large for the host memory starts anyway (the OOM killer ends it without a word)",
      ["bad"]),
+    ("B5", "zenflow.h", "    int migrates = zenflow && (cfg.select_interval > 0 || cfg.warmup > 0);",
+     "    int migrates = 0;",
+     "the host-memory check leaves out the migration's m and v (a run that fits at start runs out "
+     "at its first reselection), and the first migration pays for their pages", ["bad"]),
     ("B4", "scripts/bench_zenflow.sh", "        if [ -n \"$need\" ]; then",
      "        if false; then",
      "the benchmark leaves a run refused by the host-memory check failed (no retry past it)",

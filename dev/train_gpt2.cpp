@@ -987,8 +987,13 @@ void zenflow_cpu_init(ZenFlow* zf, CpuDevice* dev, GPT2* model, ZfConfig cfg) {
     be.abs_sums = cpu_abs_sums;
     zf_init(zf, cfg, &model->config, be);
     dev->model = model;
-    dev->gpu_m = (float*)calloc_check(model->num_parameters, sizeof(float));
-    dev->gpu_v = (float*)calloc_check(model->num_parameters, sizeof(float));
+    // they stand for cudaMalloc'ed memory, which has its pages from the start: in zenflow
+    // mode the first selection scatters columns over nearly every page of them, and would
+    // otherwise count Linux's first-write page faults as its time (d12: 1-2 s)
+    size_t n = model->num_parameters;
+    int zenflow = zf->cfg.mode == ZF_MODE_ZENFLOW;
+    dev->gpu_m = zenflow ? zf_host_zeros(n) : (float*)calloc_check(n, sizeof(float));
+    dev->gpu_v = zenflow ? zf_host_zeros(n) : (float*)calloc_check(n, sizeof(float));
 }
 
 void zenflow_cpu_free(ZenFlow* zf, CpuDevice* dev) {

@@ -42,6 +42,20 @@ def model_bytes(version=3, magic=20240326, L=1, C=8, NH=2, vocab=V, maxT=MAX_T):
     return header(magic, version, maxT, vocab, L, NH, C, Vp) + params.tobytes()
 
 
+def zenflow_host_mib(migrates, L=1, C=8, vocab=V, maxT=MAX_T, k=0.1):
+    """The host memory ZenFlow's CPU side writes at start (zenflow.h, zf_init), counted here
+    from the model's shapes (spec 1, 2) for the default flags (zenflow, -za cpu, overlap on):
+    master, m, v, two accumulators, two gradient staging buffers and, when a migration can
+    happen, its m and v (the CPU-owned elements c each), and the four copies of the GPU's
+    moments (vectors and GPU-owned elements g each)."""
+    Vp = (vocab + 127) // 128 * 128
+    matrices = [(Vp, C), (maxT, C)] + [(3 * C, C), (C, C), (4 * C, C), (C, 4 * C)] * L  # (OC, IC)
+    gpu = sum(rows * int(k * cols + 0.5) for rows, cols in matrices)
+    cpu = sum(rows * cols for rows, cols in matrices) - gpu
+    vectors = L * (2 * C + 3 * C + C + 2 * C + 4 * C + C) + 2 * C
+    return 4 * ((7 + 2 * migrates) * cpu + 4 * (vectors + gpu)) / 2**20
+
+
 def shard_bytes(tokens, magic=20240520, version=1, count=None):
     tokens = np.asarray(tokens, dtype="<u2")
     return header(magic, version, len(tokens) if count is None else count) + tokens.tobytes()
@@ -72,6 +86,7 @@ def main():
         os.mkdir(outdir)
         kept = write("out/main.log", b"s:1 trl:1.0\n")
 
+        between = f"{(zenflow_host_mib(False) + zenflow_host_mib(True)) / 2:.6f}"
         # (name, extra args replacing the defaults, text the error line must contain)
         cases = [
             ("missing model", ["-e", "nope.bin"], "nope.bin"),
@@ -106,8 +121,11 @@ def main():
             ("corrupt tokenizer", ["-k", os.path.join(tmp, "tokenizer_bad.bin")], "tokenizer_bad.bin"),
             ("version 1 tokenizer of 5 tokens", ["-k", os.path.join(tmp, "tokenizer_v1.bin")], "50257"),
             ("tokenizer version 3", ["-k", os.path.join(tmp, "tokenizer_v3.bin")], "version 3"),
-            # the CPU side's first buffers (about 50 KiB here) against a pretended 10 KiB of free memory
+            # the CPU side's buffers (about 70 KiB here) against a pretended 10 KiB of free memory
             ("too little host memory", [], "of host memory", {"ZF_HOST_MEMORY_MB": "0.01"}),
+            # enough for the window state, not for the migration a reselection (-zs 100) will
+            # do: refused at start, not killed by the OOM killer at step 100 (-zs 0 trains, below)
+            ("too little host memory for a migration", [], "of host memory", {"ZF_HOST_MEMORY_MB": between}),
         ]
         if emulated_gpu:  # a 20 MiB "GPU": the 32 MiB cuBLASLt workspace does not fit
             cases.append(("too little GPU memory", [], "out of GPU memory", {"EMU_DEVICE_MEMORY_MB": "20"}))
@@ -164,6 +182,17 @@ def main():
         else:
             failed += 1
             print(f"FAIL  shard of exactly B*T+1 tokens: exit {result.returncode}: {result.stderr.strip()[:200]}")
+        # ... and without reselections (no migration) the same memory is enough
+        argv = [trainer, "-e", good_model, "-i", good_shard, "-j", good_shard, "-b", "2", "-t", "16",
+                "-x", "1", "-v", "0", "-s", "0", "-zs", "0"]
+        result = subprocess.run(argv, cwd=tmp, capture_output=True, text=True, timeout=120,
+                                env=dict(os.environ, ZF_HOST_MEMORY_MB=between))
+        if result.returncode == 0:
+            passed += 1
+            print(f"ok    {between} MiB of host memory, -zs 0: trains")
+        else:
+            failed += 1
+            print(f"FAIL  {between} MiB of host memory, -zs 0: exit {result.returncode}: {result.stderr.strip()[:200]}")
     print(f"bad_input: {passed} passed, {failed} failed")
     return 0 if failed == 0 else 1
 
