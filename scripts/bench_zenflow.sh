@@ -129,10 +129,13 @@ mem_available_mib() { awk '/^MemAvailable:/ { printf "%d", $2 / 1024 }' /proc/me
 MEM_AT_START="MemTotal $(awk '/^MemTotal:/ { printf "%d", $2 / 1024 }' /proc/meminfo 2>/dev/null) MiB, MemAvailable $(mem_available_mib) MiB"
 
 # run_trainer MODEL_FILE MODE CSV LOG
+# -zs 0: zenflow selects once, at step 1 (a warm-up step), and never reselects, so it needs no
+# migration buffers (zenflow.h would write 11 GB of them at start on d48); what a
+# reselection costs is measured apart (docs/results/README.md, item 11)
 run_trainer() {
     # shellcheck disable=SC2046
     timeout --kill-after=10 600 "$BIN" -e "$1" -i "$TRAIN" -j "$VAL" -b $B -t $T -x $((WARMUP + STEPS)) \
-        -v 0 -s 0 -zs 1000 $(mode_flags "$2") -zm "$3" >"$4" 2>&1
+        -v 0 -s 0 -zs 0 $(mode_flags "$2") -zm "$3" >"$4" 2>&1
 }
 
 mode_flags() {
