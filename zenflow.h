@@ -311,19 +311,22 @@ static inline int zf_n_sel(double k, int cols) { return (int)floor(k * cols + 0.
 // ----------------------------------------------------------------------------
 // setup
 
-// A CPU-side buffer of n zeros, written now, by every thread. Linux maps a page of calloc'ed
-// memory only when it is first written; left to first use, the first window update (m, v)
-// would pay for its pages and take 50x longer than the later ones (d4c256h4 on the 2-core
-// build machine: 330-400 ms instead of 4-8), slowing the steps it overlaps, or stalling
-// the next boundary where it outlasts its window; so would the first accumulation into
-// each accumulator (20-40 ms instead of 2), and so would the first migration (4.2.4) into
-// m_new and v_new (d12: 3.0 s instead of 0.7, all of it stall; GPT-2 1.5B: 11 GB of new pages
-// at step 100). zf_init pays it at start for the window state (master, m, v; in zenflow
-// mode the two accumulators) and, when zenflow will migrate, the reselection buffers, as
-// cudaHostRegister does for the pinned buffers; and checks that they fit. The rest stay
-// calloc'ed: the accumulators, which offload's windows of one step never use, and the
-// reselection buffers of adamw and offload (only a checkpoint writes them).
-static inline float* zf_host_zeros(size_t n) {
+// A CPU-side buffer of n zeros; now = 1: written at once, by every thread. Linux maps a
+// page of calloc'ed memory only when it is first written; left to first use, the first
+// window update (m, v) would pay for its pages and take 50x longer than the later ones
+// (d4c256h4 on the 2-core build machine: 330-400 ms instead of 4-8), slowing the steps it
+// overlaps, or stalling the next boundary where it outlasts its window; so would the first
+// accumulation into each accumulator (20-40 ms instead of 2), and so would the first
+// migration (4.2.4) into m_new and v_new (d12: 3.0 s instead of 0.7, all of it stall; GPT-2
+// 1.5B: 11 GB of new pages at step 100). zf_init pays it at start for the window state
+// (master, m, v) and in zenflow mode for the two accumulators, the four copies of the GPU's
+// moments and, when it will migrate, m_new and v_new, as cudaHostRegister does for the
+// pinned buffers; and checks that they fit. The rest stay calloc'ed (now = 0): the
+// accumulators, which offload's windows of one step never use, the staging (which
+// cudaHostRegister maps), and the reselection buffers of adamw and offload (only a
+// checkpoint writes them).
+static inline float* zf_host_zeros(size_t n, int now) {
+    if (!now) { return (float*)calloc_check(n, sizeof(float)); }
     float* p = (float*)malloc_check(n * sizeof(float));
 #pragma omp parallel for schedule(static) if (n >= (1 << 16))
     for (size_t i = 0; i < n; i++) { p[i] = 0.0f; }
@@ -453,21 +456,21 @@ static inline void zf_init(ZenFlow* zf, ZfConfig cfg, const GPT2Config* model, Z
                 "ZF_HOST_MEMORY_MB=<MiB> says how much it can have)",
                 need / 1048576.0, available / 1048576.0);
     }
-    zf->master = zf_host_zeros(c);
-    zf->m = zf_host_zeros(c);
-    zf->v = zf_host_zeros(c);
-    zf->acc = zenflow ? zf_host_zeros(c) : (float*)calloc_check(c, sizeof(float));
-    zf->acc_job = zenflow ? zf_host_zeros(c) : (float*)calloc_check(c, sizeof(float));
+    zf->master = zf_host_zeros(c, 1);
+    zf->m = zf_host_zeros(c, 1);
+    zf->v = zf_host_zeros(c, 1);
+    zf->acc = zf_host_zeros(c, zenflow);
+    zf->acc_job = zf_host_zeros(c, zenflow);
     for (int i = 0; i < zf_staging_buffers(&cfg); i++) {
-        zf->grad_stage[i] = (float*)calloc_check(c, sizeof(float));
+        zf->grad_stage[i] = zf_host_zeros(c, 0);
     }
     zf->stage_reader[0] = zf->stage_reader[1] = zf_no_job;
-    zf->m_new = migrates ? zf_host_zeros(c) : (float*)calloc_check(c, sizeof(float));
-    zf->v_new = migrates ? zf_host_zeros(c) : (float*)calloc_check(c, sizeof(float));
-    zf->gpu_m_old = zenflow ? zf_host_zeros(g) : (float*)calloc_check(g, sizeof(float));
-    zf->gpu_v_old = zenflow ? zf_host_zeros(g) : (float*)calloc_check(g, sizeof(float));
-    zf->gpu_m_new = zenflow ? zf_host_zeros(g) : (float*)calloc_check(g, sizeof(float));
-    zf->gpu_v_new = zenflow ? zf_host_zeros(g) : (float*)calloc_check(g, sizeof(float));
+    zf->m_new = zf_host_zeros(c, migrates);
+    zf->v_new = zf_host_zeros(c, migrates);
+    zf->gpu_m_old = zf_host_zeros(g, zenflow);
+    zf->gpu_v_old = zf_host_zeros(g, zenflow);
+    zf->gpu_m_new = zf_host_zeros(g, zenflow);
+    zf->gpu_v_new = zf_host_zeros(g, zenflow);
     zf->c_sum = (double*)calloc_check(zf->num_matrices, sizeof(double));
     zf->sum_sel = (double*)calloc_check(zf->num_matrices, sizeof(double));
     zf->sum_cpu = (double*)calloc_check(zf->num_matrices, sizeof(double));

@@ -992,8 +992,8 @@ void zenflow_cpu_init(ZenFlow* zf, CpuDevice* dev, GPT2* model, ZfConfig cfg) {
     // otherwise count Linux's first-write page faults as its time (d12: 1-2 s)
     size_t n = model->num_parameters;
     int zenflow = zf->cfg.mode == ZF_MODE_ZENFLOW;
-    dev->gpu_m = zenflow ? zf_host_zeros(n) : (float*)calloc_check(n, sizeof(float));
-    dev->gpu_v = zenflow ? zf_host_zeros(n) : (float*)calloc_check(n, sizeof(float));
+    dev->gpu_m = zf_host_zeros(n, zenflow);
+    dev->gpu_v = zf_host_zeros(n, zenflow);
 }
 
 void zenflow_cpu_free(ZenFlow* zf, CpuDevice* dev) {
