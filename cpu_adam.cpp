@@ -192,7 +192,7 @@ typedef struct {
     void* arg;
 } ZfJob;
 
-struct ZfUpdater {
+struct ZfWorker {
     std::mutex mu;                  // guards everything below except the thread's own
     std::condition_variable work;   // signalled: a job was queued, or stop was set
     std::condition_variable done;   // signalled: a job finished
@@ -210,7 +210,7 @@ struct ZfUpdater {
 };
 
 // Debug delay: a random 0..max microseconds (splitmix64; only the updater thread uses it).
-static void zf_updater_random_sleep(ZfUpdater* u) {
+static void zf_worker_random_sleep(ZfWorker* u) {
     if (u->delay_max_us <= 0) return;
     uint64_t z = (u->rng += 0x9E3779B97F4A7C15ull);
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
@@ -219,7 +219,7 @@ static void zf_updater_random_sleep(ZfUpdater* u) {
     std::this_thread::sleep_for(std::chrono::microseconds(z % (uint64_t)(u->delay_max_us + 1)));
 }
 
-static void zf_updater_main(ZfUpdater* u) {
+static void zf_worker_main(ZfWorker* u) {
 #ifdef _OPENMP
     // The thread count is per thread in OpenMP: this sets it for the team this thread
     // starts, and leaves the main thread's setting alone.
@@ -236,7 +236,7 @@ static void zf_updater_main(ZfUpdater* u) {
             u->queue.pop_front();
             skip = u->error != 0;  // after an error the state is suspect: don't run more
         }
-        zf_updater_random_sleep(u);
+        zf_worker_random_sleep(u);
         int status = 0;
         double ms = 0;
         if (!skip) {
@@ -244,7 +244,7 @@ static void zf_updater_main(ZfUpdater* u) {
             status = job.fn(job.arg);
             ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
         }
-        zf_updater_random_sleep(u);
+        zf_worker_random_sleep(u);
         {
             std::lock_guard<std::mutex> lk(u->mu);
             if (!skip) {
@@ -260,17 +260,17 @@ static void zf_updater_main(ZfUpdater* u) {
     }
 }
 
-ZfUpdater* zf_updater_create(int omp_threads) {
-    ZfUpdater* u = new ZfUpdater;
+ZfWorker* zf_worker_create(int omp_threads) {
+    ZfWorker* u = new ZfWorker;
     u->omp_threads = omp_threads;
-    const char* env = getenv("ZF_UPDATER_DELAY_US");
+    const char* env = getenv("ZF_WORKER_DELAY_US");
     if (env && *env) {
         u->delay_max_us = strtol(env, NULL, 10);
         u->rng = (uint64_t)std::chrono::steady_clock::now().time_since_epoch().count();
-        fprintf(stderr, "zf_updater: debug delays of 0..%ld us around every job\n", u->delay_max_us);
+        fprintf(stderr, "zf_worker: debug delays of 0..%ld us around every job\n", u->delay_max_us);
     }
     try {
-        u->thread = std::thread(zf_updater_main, u);
+        u->thread = std::thread(zf_worker_main, u);
     } catch (...) {
         delete u;
         return NULL;
@@ -278,7 +278,7 @@ ZfUpdater* zf_updater_create(int omp_threads) {
     return u;
 }
 
-long zf_updater_submit(ZfUpdater* u, ZfJobFn fn, void* arg) {
+long zf_worker_submit(ZfWorker* u, ZfJobFn fn, void* arg) {
     long ticket;
     {
         std::lock_guard<std::mutex> lk(u->mu);
@@ -289,11 +289,11 @@ long zf_updater_submit(ZfUpdater* u, ZfJobFn fn, void* arg) {
     return ticket;
 }
 
-int zf_updater_wait(ZfUpdater* u, long ticket) {
+int zf_worker_wait(ZfWorker* u, long ticket) {
     std::unique_lock<std::mutex> lk(u->mu);
     if (ticket >= u->submitted) {
         // It would never finish: a bug in the caller, so stop loudly instead of hanging.
-        fprintf(stderr, "zf_updater_wait: ticket %ld was never submitted (%ld so far)\n",
+        fprintf(stderr, "zf_worker_wait: ticket %ld was never submitted (%ld so far)\n",
                 ticket, u->submitted);
         abort();
     }
@@ -301,25 +301,25 @@ int zf_updater_wait(ZfUpdater* u, long ticket) {
     return u->error;
 }
 
-int zf_updater_error(ZfUpdater* u) {
+int zf_worker_error(ZfWorker* u) {
     if (!u) return 0;
     std::lock_guard<std::mutex> lk(u->mu);
     return u->error;
 }
 
-int zf_updater_finished(ZfUpdater* u, long ticket) {
+int zf_worker_finished(ZfWorker* u, long ticket) {
     if (ticket < 0) { return 1; }
     std::lock_guard<std::mutex> lk(u->mu);
     return ticket < u->finished;
 }
 
-int zf_updater_drain(ZfUpdater* u) {
+int zf_worker_drain(ZfWorker* u) {
     std::unique_lock<std::mutex> lk(u->mu);
     u->done.wait(lk, [u] { return u->finished == u->submitted; });
     return u->error;
 }
 
-int zf_updater_destroy(ZfUpdater* u) {
+int zf_worker_destroy(ZfWorker* u) {
     if (!u) return 0;
     {
         std::lock_guard<std::mutex> lk(u->mu);
@@ -332,7 +332,7 @@ int zf_updater_destroy(ZfUpdater* u) {
     return err;
 }
 
-double zf_updater_busy_ms(ZfUpdater* u, double* last_ms) {
+double zf_worker_busy_ms(ZfWorker* u, double* last_ms) {
     std::lock_guard<std::mutex> lk(u->mu);
     if (last_ms) *last_ms = u->last_ms;
     return u->total_ms;

@@ -53,48 +53,48 @@ void zf_cpu_accumulate(float* acc, const float* g, size_t n);
 //
 // Errors: a job returns 0 on success or a non-zero error code. The first non-zero code
 // sticks: later jobs are not run (they would work on state that is already wrong), and
-// every later zf_updater_wait / zf_updater_drain / zf_updater_destroy returns that code,
-// and zf_updater_error tells it without waiting.
+// every later zf_worker_wait / zf_worker_drain / zf_worker_destroy returns that code,
+// and zf_worker_error tells it without waiting.
 //
 // OpenMP: a job may call zf_cpu_adam_step; its parallel region runs on a team of the
 // updater thread, separate from any team of the main thread (libgomp keeps one thread
 // pool per thread that starts a parallel region). omp_threads sets that team's size.
 //
-// Debug: if the environment variable ZF_UPDATER_DELAY_US=<max> is set when the updater is
+// Debug: if the environment variable ZF_WORKER_DELAY_US=<max> is set when the updater is
 // created, the thread sleeps a random 0..max microseconds before and after every job
 // (seeded from the clock). Results must not change; the determinism tests use this.
 
 typedef int (*ZfJobFn)(void* arg);
-typedef struct ZfUpdater ZfUpdater;
+typedef struct ZfWorker ZfWorker;
 
 // omp_threads: OpenMP threads for parallel regions run by jobs; 0 = the OpenMP default
 // (OMP_NUM_THREADS or all cores). Returns NULL if the thread cannot be started.
-ZfUpdater* zf_updater_create(int omp_threads);
+ZfWorker* zf_worker_create(int omp_threads);
 
 // Queue fn(arg). Returns its ticket: 0 for the first job, then 1, 2, ...
-long zf_updater_submit(ZfUpdater* u, ZfJobFn fn, void* arg);
+long zf_worker_submit(ZfWorker* u, ZfJobFn fn, void* arg);
 
 // Block until the job with this ticket (and so every earlier one) has finished or been
 // skipped. Returns 0, or the first error of any job finished so far. A negative ticket
 // ("no job yet") returns at once; a ticket never handed out aborts (it would hang).
 // Not to be called from inside a job of the same updater (it would wait for itself); a job
 // may wait for another updater's ticket, as long as no job of that one waits back.
-int zf_updater_wait(ZfUpdater* u, long ticket);
+int zf_worker_wait(ZfWorker* u, long ticket);
 
 // Without blocking: the first error of any job so far, or 0 (u may be NULL: 0).
-int zf_updater_error(ZfUpdater* u);
+int zf_worker_error(ZfWorker* u);
 
 // Block until every submitted job has finished. Returns 0 or the first error.
-int zf_updater_drain(ZfUpdater* u);
+int zf_worker_drain(ZfWorker* u);
 
 // Without blocking: 1 if the job with this ticket has finished or been skipped (a negative
-// ticket: 1), else 0. What zf_updater_wait would do now without waiting.
-int zf_updater_finished(ZfUpdater* u, long ticket);
+// ticket: 1), else 0. What zf_worker_wait would do now without waiting.
+int zf_worker_finished(ZfWorker* u, long ticket);
 
 // Drain (pending jobs still run), stop and join the thread, free. Returns 0 or the first
 // error, so an error is reported even if nobody waited after it. u may be NULL.
-int zf_updater_destroy(ZfUpdater* u);
+int zf_worker_destroy(ZfWorker* u);
 
 // Time spent inside jobs (not counting debug delays), in milliseconds: the total over all
 // finished jobs; *last_ms (if not NULL) gets the duration of the most recent finished job.
-double zf_updater_busy_ms(ZfUpdater* u, double* last_ms);
+double zf_worker_busy_ms(ZfWorker* u, double* last_ms);

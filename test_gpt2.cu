@@ -18,7 +18,7 @@ Checks, each printed with its numbers:
      parameters (no atomics, one cuBLASLt algorithm per shape).
   4. ZenFlow (zenflow.cuh through zenflow.h's zf_step), on the zenflow cases (zf_*, from
      scripts/zenflow_reference.py: model.bin, train.bin, case.txt, zenflow.txt, losses.txt,
-     selections.txt), in both transports (-za cpu and gpu; adamw and offload have one):
+     selections.txt), in both accumulations (-za cpu and gpu; adamw and offload have one):
      - the columns chosen at every selection and the loss of every step against the
        reference (losses 2e-5 absolute, as the AdamW trajectory). Where the selections
        differ only in columns whose reference scores lie within 1e-4 (relative) of the
@@ -35,8 +35,8 @@ Checks, each printed with its numbers:
      - exact invariants (bitwise losses and final parameters) on the first zenflow case:
        -zo adamw == plain AdamW (gpt2_update); zenflow with U = 1, overlap off and S = 2
        (moments migrate every other step) == adamw for k = 0.05, 0.1, 0.5 in both
-       transports; offload == adamw; a zenflow run with overlap twice, and again with
-       random delays in the updater thread (ZF_UPDATER_DELAY_US), in both transports;
+       accumulations; offload == adamw; a zenflow run with overlap twice, and again with
+       random delays in the updater thread (ZF_WORKER_DELAY_US), in both accumulations;
        a checkpoint (zf_save_state / zf_load_state) in the middle of a window, resumed,
        ends where the uninterrupted run ends.
 TF32 is OFF for all of them (plain fp32 matmuls); the TF32 errors are printed for
@@ -89,7 +89,7 @@ static void test_case(const char* dir) {
     GPT2DebugState st = gpt2_read_debug_state(path, c);
     int B = st.B, T = st.T, V = c->vocab_size;
     size_t n_logits = (size_t)B * T * V;
-    float* logits = (float*)malloc_check(n_logits * sizeof(float));
+    float* logits = (float*)mallocCheck(n_logits * sizeof(float));
     gpt2_forward(&model, st.inputs, NULL, B, T);
     gpt2_copy_logits_to_host(&model, logits);
     compare_tensor("logits", logits, st.logits, n_logits, 1e-5);
@@ -100,7 +100,7 @@ static void test_case(const char* dir) {
     check(dloss <= 1e-5, "loss differs by more than 1e-5");
     gpt2_zero_grad(&model);
     gpt2_backward(&model);
-    float* grads = (float*)malloc_check(model.num_parameters * sizeof(float));
+    float* grads = (float*)mallocCheck(model.num_parameters * sizeof(float));
     gpt2_copy_grads_to_host(&model, grads);
     size_t sizes[NUM_PARAMETER_TENSORS], offset = 0;
     gpt2_param_sizes(c, sizes);
@@ -116,21 +116,21 @@ static void test_case(const char* dir) {
     check(pad_zero, "the padded rows of the wte gradient are not 0");
 
     // for information: the same batch with TF32 matmuls (the trainer's default)
-    zf_cublas_set_tf32(1);
+    cublas_set_tf32(1);
     gpt2_forward(&model, st.inputs, NULL, B, T);
     gpt2_copy_logits_to_host(&model, logits);
     double tf32_logits = relative_error(logits, st.logits, n_logits);
     gpt2_forward(&model, st.inputs, st.targets, B, T);
     printf("  (info) with TF32: logits rel %.3e, loss |err| %.3e (not checked)\n", tf32_logits,
            fabs((double)model.mean_loss - st.loss));
-    zf_cublas_set_tf32(0);
+    cublas_set_tf32(0);
     free(grads);
     free(logits);
     gpt2_free_debug_state(&st);
 
     // 2. the AdamW trajectory on consecutive batches (the model is still the file's: no
     // update ran above; its AdamW moments are still 0)
-    float* ref = (float*)malloc_check((size_t)s.steps * sizeof(float));
+    float* ref = (float*)mallocCheck((size_t)s.steps * sizeof(float));
     snprintf(path, sizeof(path), "%s/losses.txt", dir);
     int n = read_losses(path, ref, s.steps);
     check(n == s.steps, "losses.txt has fewer steps than case.txt says");
@@ -180,7 +180,7 @@ static void run_steps(const char* dir, int steps, float* losses, float** params_
         losses[t] = model.mean_loss;
     }
     *n_params = model.num_parameters;
-    *params_out = (float*)malloc_check(model.num_parameters * sizeof(float));
+    *params_out = (float*)mallocCheck(model.num_parameters * sizeof(float));
     gpt2_copy_params_to_host(&model, *params_out);
     dataloader_free(&loader);
     gpt2_free(&model);
@@ -221,7 +221,7 @@ static void test_determinism(const char* dir) {
 static int is_zenflow_case(const char* dir) {
     char path[4096];
     snprintf(path, sizeof(path), "%s/zenflow.txt", dir);
-    return zf_file_size(path) >= 0;
+    return file_size_bytes(path) >= 0;
 }
 
 typedef struct {
@@ -248,7 +248,7 @@ static ZfRun zf_run(const char* dir, const ZfCase* c, ZfConfig z, int steps, con
     ZenFlow zf;
     ZfCudaDevice dev;
     zenflow_cuda_init(&zf, &dev, model.params_memory, model.grads_memory, &model.config, z);
-    if (sel_path != NULL) { zf.selection_log = fopen_check(sel_path, "w"); }
+    if (sel_path != NULL) { zf.selection_log = fopenCheck(sel_path, "w"); }
     zf.pipeline = pipeline;  // as the trainer: the passes call the per-layer hooks
     model.zf = &zf;
     ZfAdamHyper hyper = {c->s.lr, 0.9f, 0.95f, 1e-8f, c->s.wd};
@@ -256,7 +256,7 @@ static ZfRun zf_run(const char* dir, const ZfCase* c, ZfConfig z, int steps, con
     for (int t = 0; t < steps; t++) {
         if (save_at > 0 && t == save_at) {  // checkpoint, tear everything down, resume
             FILE* fp = tmpfile();
-            if (fp == NULL) { zf_fail("tmpfile failed"); }
+            if (fp == NULL) { fatal("tmpfile failed"); }
             zf_save_state(&zf, fp, "checkpoint test");
             std::vector<float> params(model.num_parameters);
             gpt2_copy_params_to_host(&model, params.data());
@@ -302,22 +302,22 @@ static void test_zenflow_case(const char* dir) {
     printf("== zenflow case %s: %s k=%g U=%d S=%d W=%d overlap=%d, %d steps (TF32 off)\n", dir,
            zf_mode_names[c.z.mode], c.z.topk, c.z.update_interval, c.z.select_interval, c.z.warmup,
            c.z.overlap, c.s.steps);
-    int transports = c.z.mode == ZF_MODE_ZENFLOW ? 2 : 1;
-    std::vector<float> by_transport[2];
-    for (int tr = 0; tr < transports; tr++) {
+    int accumulations = c.z.mode == ZF_MODE_ZENFLOW ? 2 : 1;
+    std::vector<float> by_accumulation[2];
+    for (int tr = 0; tr < accumulations; tr++) {
         ZfConfig z = c.z;
-        z.transport = tr;
-        printf("  -za %s\n", zf_transport_names[tr]);
+        z.accumulate = tr;
+        printf("  -za %s\n", zf_accumulate_names[tr]);
         char sel_path[] = "/tmp/zf_gpu_selections_XXXXXX";
         make_temp_file(sel_path);
         ZfRun run = zf_run(dir, &c, z, -1, sel_path);
         check_zf_against_reference(dir, sel_path, run.losses, ZF_NEAR_TIE, "    ");
-        by_transport[tr] = run.losses;
+        by_accumulation[tr] = run.losses;
     }
-    if (transports == 2) {  // information: the transports round A differently (spec 7)
+    if (accumulations == 2) {  // information: the accumulations round A differently (spec 7)
         double diff = 0.0;
-        for (size_t t = 0; t < by_transport[0].size() && t < by_transport[1].size(); t++) {
-            diff = std::max(diff, fabs((double)by_transport[0][t] - by_transport[1][t]));
+        for (size_t t = 0; t < by_accumulation[0].size() && t < by_accumulation[1].size(); t++) {
+            diff = std::max(diff, fabs((double)by_accumulation[0][t] - by_accumulation[1][t]));
         }
         printf("  (info) -za cpu vs -za gpu: max |loss difference| %.3e (%s)\n", diff,
                diff == 0.0 ? "bitwise equal" : "A is rounded differently, spec 7");
@@ -364,8 +364,8 @@ static void test_zenflow_invariants(const char* dir) {
             z.update_interval = 1;
             z.overlap = 0;
             z.select_interval = 2;
-            z.transport = tr;
-            snprintf(what, sizeof(what), "zenflow k=%.2f U=1 S=2 overlap off -za %s == adamw", k, zf_transport_names[tr]);
+            z.accumulate = tr;
+            snprintf(what, sizeof(what), "zenflow k=%.2f U=1 S=2 overlap off -za %s == adamw", k, zf_accumulate_names[tr]);
             report_same(same_run(zf_run(dir, &c, z, -1, NULL), ref), what, REPORT_WIDTH);
         }
     }
@@ -392,14 +392,14 @@ static void test_zenflow_invariants(const char* dir) {
         z.update_interval = 3;
         z.select_interval = 6;
         z.overlap = 1;
-        z.transport = tr;
+        z.accumulate = tr;
         ZfRun first = zf_run(dir, &c, z, -1, NULL), second = zf_run(dir, &c, z, -1, NULL);
-        setenv("ZF_UPDATER_DELAY_US", "3000", 1);
+        setenv("ZF_WORKER_DELAY_US", "3000", 1);
         ZfRun delayed = zf_run(dir, &c, z, -1, NULL);
-        unsetenv("ZF_UPDATER_DELAY_US");
-        snprintf(what, sizeof(what), "zenflow U=3 S=6 overlap -za %s, run twice", zf_transport_names[tr]);
+        unsetenv("ZF_WORKER_DELAY_US");
+        snprintf(what, sizeof(what), "zenflow U=3 S=6 overlap -za %s, run twice", zf_accumulate_names[tr]);
         report_same(same_run(first, second), what, REPORT_WIDTH);
-        snprintf(what, sizeof(what), "zenflow U=3 S=6 overlap -za %s, with random updater delays", zf_transport_names[tr]);
+        snprintf(what, sizeof(what), "zenflow U=3 S=6 overlap -za %s, with random updater delays", zf_accumulate_names[tr]);
         report_same(same_run(first, delayed), what, REPORT_WIDTH);
         int differs = !bitwise_equal(first.losses, ref.losses);
         printf("  %-62s %s\n", "  ... and differs from adamw (the CPU side does something)", differs ? "yes" : "NO");
@@ -407,9 +407,9 @@ static void test_zenflow_invariants(const char* dir) {
         // checkpoint after step 5: the window closed at step 3 is still pending (applied at
         // step 6), and a window of 2 steps is open (A in the gradient buffer with -za gpu)
         ZfRun resumed = zf_run(dir, &c, z, -1, NULL, 5);
-        snprintf(what, sizeof(what), "zenflow -za %s, checkpoint after step 5 and resume", zf_transport_names[tr]);
+        snprintf(what, sizeof(what), "zenflow -za %s, checkpoint after step 5 and resume", zf_accumulate_names[tr]);
         report_same(same_run(first, resumed), what, REPORT_WIDTH);
-        snprintf(what, sizeof(what), "zenflow -za %s, transfers whole (-zp 0) == per layer", zf_transport_names[tr]);
+        snprintf(what, sizeof(what), "zenflow -za %s, transfers whole (-zp 0) == per layer", zf_accumulate_names[tr]);
         report_same(same_run(zf_run(dir, &c, z, -1, NULL, 0, 0), first), what, REPORT_WIDTH);
         printf("  %-62s %ld groups out  %s\n", "  ... gradients moved layer by layer", first.groups_out,
                first.groups_out > 0 ? "ok" : "FAIL");
@@ -422,7 +422,7 @@ static void test_zenflow_invariants(const char* dir) {
         ZfConfig z = zf_default_config();
         z.update_interval = ZF_AUTO;
         z.select_interval = 6;
-        z.transport = tr;
+        z.accumulate = tr;
         char log_path[] = "/tmp/zf_gpu_windows_XXXXXX";
         make_temp_file(log_path);
         ZfRun first = zf_run(dir, &c, z, -1, log_path);
@@ -430,22 +430,22 @@ static void test_zenflow_invariants(const char* dir) {
         remove(log_path);
         check(!windows.empty(), "auto U closed no window (the checkpoint below would not fall inside one)");
         std::pair<int, int> longest = longest_window(windows);
-        setenv("ZF_UPDATER_DELAY_US", "3000", 1);
+        setenv("ZF_WORKER_DELAY_US", "3000", 1);
         ZfRun delayed = zf_run(dir, &c, z, -1, NULL);
-        unsetenv("ZF_UPDATER_DELAY_US");
+        unsetenv("ZF_WORKER_DELAY_US");
         snprintf(what, sizeof(what), "zenflow U=auto -za %s (%zu windows), random updater delays",
-                 zf_transport_names[tr], windows.size());
+                 zf_accumulate_names[tr], windows.size());
         report_same(same_run(first, delayed), what, REPORT_WIDTH);
         int save_at = longest.first - longest.second + 2;  // after the longest window's first step
         snprintf(what, sizeof(what), "zenflow U=auto -za %s, checkpoint after step %d and resume",
-                 zf_transport_names[tr], save_at);
+                 zf_accumulate_names[tr], save_at);
         report_same(same_run(first, zf_run(dir, &c, z, -1, NULL, save_at)), what, REPORT_WIDTH);
     }
 }
 
 int main(int argc, char* argv[]) {
     char reason[256];
-    if (!zf_cuda_device_available(reason, sizeof(reason))) {
+    if (!cuda_device_available(reason, sizeof(reason))) {
         printf("test_gpt2cu: SKIPPED (no CUDA device: %s)\n", reason);
         return 0;
     }
@@ -453,10 +453,10 @@ int main(int argc, char* argv[]) {
         fprintf(stderr, "usage: %s <case dir> [<case dir> ...] (see scripts/make_test_refs.sh)\n", argv[0]);
         return 2;
     }
-    cudaDeviceProp prop = zf_cuda_init_device();
+    cudaDeviceProp prop = cuda_init_device();
     printf("device: %s, compute capability %d.%d, %d SMs\n", prop.name, prop.major, prop.minor,
            prop.multiProcessorCount);
-    zf_cublas_init(0);  // TF32 off: plain fp32 matmuls
+    cublas_init(0);  // TF32 off: plain fp32 matmuls
     const char* first_plain = NULL;
     const char* first_zenflow = NULL;
     for (int i = 1; i < argc; i++) {
@@ -472,7 +472,7 @@ int main(int argc, char* argv[]) {
         if (is_zenflow_case(argv[i])) { test_zenflow_case(argv[i]); }
     }
     if (first_zenflow != NULL) { test_zenflow_invariants(first_zenflow); }
-    zf_cublas_free();
+    cublas_free();
     printf("test_gpt2cu: %d passed, %d failed\n", g_passed, g_failed);
     return g_failed == 0 ? 0 : 1;
 }

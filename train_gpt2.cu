@@ -31,7 +31,7 @@ What differs from the CPU trainer, and why:
   its CPU side.
 - The copy engines carry ZenFlow's transfers only. The step's own small transfers, token
   ids in and losses out, go through mapped pinned host memory that kernels read and write
-  (zf_mapped_alloc in llmc/cuda_kernels.cuh says why: a cudaMemcpy would queue behind
+  (mapped_alloc in llmc/cuda_kernels.cuh says why: a cudaMemcpy would queue behind
   ZenFlow's gigabytes crossing the same way).
 
 Build (see the Makefile): nvcc -O3 -fmad=false ... -lcublasLt -lcublas. -fmad=false is
@@ -186,7 +186,7 @@ typedef struct {
     // [inputs (BT) | targets (BT) | positions (BT) | tokens (BT) | starts (BT + 1)]
     // They are written on the host into mapped pinned memory and a kernel copies them to
     // the device; the losses are written by the classifier kernel straight into mapped
-    // memory. No cudaMemcpy in a step: see zf_mapped_alloc in llmc/cuda_kernels.cuh.
+    // memory. No cudaMemcpy in a step: see mapped_alloc in llmc/cuda_kernels.cuh.
     int* ids;           // device
     int* ids_host;      // mapped pinned host memory ...
     int* ids_mapped;    // ... and the address kernels read it at
@@ -217,7 +217,7 @@ void gpt2_build(GPT2* model, const char* spec_or_path, uint64_t seed) {
     free(host_params);
     point_parameters(&model->params, &model->config, model->params_memory);
     point_parameters(&model->grads, &model->config, model->grads_memory);
-    model->counts_host = (int*)calloc_check((size_t)model->config.vocab_size, sizeof(int));
+    model->counts_host = (int*)callocCheck((size_t)model->config.vocab_size, sizeof(int));
     cudaCheck(cudaEventCreateWithFlags(&model->ids_read, cudaEventDisableTiming | cudaEventBlockingSync));
     model->mean_loss = -1.0f;
 }
@@ -232,8 +232,8 @@ void gpt2_allocate(GPT2* model, int B, int T) {
     cudaCheck(cudaFree(model->acts_memory));
     cudaCheck(cudaFree(model->scratch_memory));
     cudaCheck(cudaFree(model->ids));
-    zf_free_host(model->ids_host);
-    zf_free_host(model->losses_host);
+    mapped_free(model->ids_host);
+    mapped_free(model->losses_host);
     size_t sizes[NUM_ACTIVATION_TENSORS], ssizes[NUM_SCRATCH_TENSORS];
     activation_sizes(sizes, &model->config, B, T);
     scratch_sizes(ssizes, &model->config, B, T);
@@ -245,8 +245,8 @@ void gpt2_allocate(GPT2* model, int B, int T) {
     model->scratch_memory = cuda_malloc(model->num_scratch * sizeof(float), "scratch buffers");
     size_t BT = (size_t)B * T;
     model->ids = (int*)cuda_malloc((5 * BT + 1) * sizeof(int), "token ids");
-    model->ids_host = (int*)zf_mapped_alloc((5 * BT + 1) * sizeof(int), &model->ids_mapped, "token ids");
-    model->losses_host = (float*)zf_mapped_alloc(BT * sizeof(float), &model->losses_mapped, "losses");
+    model->ids_host = (int*)mapped_alloc((5 * BT + 1) * sizeof(int), &model->ids_mapped, "token ids");
+    model->losses_host = (float*)mapped_alloc(BT * sizeof(float), &model->losses_mapped, "losses");
     model->batch_size = B;
     model->seq_len = T;
 }
@@ -259,8 +259,8 @@ void gpt2_free(GPT2* model) {
     cudaCheck(cudaFree(model->acts_memory));
     cudaCheck(cudaFree(model->scratch_memory));
     cudaCheck(cudaFree(model->ids));
-    zf_free_host(model->ids_host);
-    zf_free_host(model->losses_host);
+    mapped_free(model->ids_host);
+    mapped_free(model->losses_host);
     cudaCheck(cudaEventDestroy(model->ids_read));
     free(model->counts_host);
     memset(model, 0, sizeof(*model));
@@ -277,12 +277,12 @@ void gpt2_forward(GPT2* model, const int* inputs, const int* targets, int B, int
     const int L = cfg->num_layers, C = cfg->channels, NH = cfg->num_heads;
     const int V = cfg->vocab_size, Vp = cfg->padded_vocab_size;
     if (T > cfg->max_seq_len) {
-        zf_fail("sequence length T=%d exceeds the model's maxT=%d (hint: lower -t)", T, cfg->max_seq_len);
+        fatal("sequence length T=%d exceeds the model's maxT=%d (hint: lower -t)", T, cfg->max_seq_len);
     }
     const int BT = B * T;
     for (int i = 0; i < BT; i++) {
         if (inputs[i] < 0 || inputs[i] >= V || (targets != NULL && (targets[i] < 0 || targets[i] >= V))) {
-            zf_fail("token id out of range at position %d (vocabulary %d)", i, V);
+            fatal("token id out of range at position %d (vocabulary %d)", i, V);
         }
     }
     gpt2_allocate(model, B, T);
@@ -377,7 +377,7 @@ void gpt2_zero_grad(GPT2* model) {
 // backward pass of the last forward (which must have had targets); ADDS into the gradients,
 // so call gpt2_zero_grad first unless accumulating
 void gpt2_backward(GPT2* model) {
-    if (model->mean_loss < 0.0f) { zf_fail("gpt2_backward: the forward pass had no targets"); }
+    if (model->mean_loss < 0.0f) { fatal("gpt2_backward: the forward pass had no targets"); }
     const GPT2Config* cfg = &model->config;
     const int B = model->B, T = model->T, BT = B * T;
     const int L = cfg->num_layers, C = cfg->channels, NH = cfg->num_heads, Vp = cfg->padded_vocab_size;
@@ -449,7 +449,7 @@ void gpt2_update(GPT2* model, ZfAdamHyper h, int step) {
 // the logits of the last forward without targets, padding dropped: out (B, T, V)
 void gpt2_copy_logits_to_host(const GPT2* model, float* out) {
     if (!model->logits_valid) {
-        zf_fail("gpt2_copy_logits_to_host: the last forward had targets, so the logits were replaced "
+        fatal("gpt2_copy_logits_to_host: the last forward had targets, so the logits were replaced "
                 "by dlogits (hint: run gpt2_forward with targets = NULL first)");
     }
     const int V = model->config.vocab_size, Vp = model->config.padded_vocab_size;
@@ -486,8 +486,8 @@ static int sample_mult(const float* probs, int n, float coin) {
 static void gpt2_sample(GPT2* model, const Tokenizer* tok, int eot, int steps, uint64_t* rng) {
     int maxT = model->config.max_seq_len, V = model->config.vocab_size, Vp = model->config.padded_vocab_size;
     int n = steps + 1 < maxT ? steps + 1 : maxT;
-    int* tokens = (int*)malloc_check(n * sizeof(int));
-    float* probs = (float*)malloc_check(V * sizeof(float));
+    int* tokens = (int*)mallocCheck(n * sizeof(int));
+    float* probs = (float*)mallocCheck(V * sizeof(float));
     tokens[0] = eot;
     printf("generating:\n---\n");
     for (int t = 1; t < n; t++) {
@@ -501,7 +501,7 @@ static void gpt2_sample(GPT2* model, const Tokenizer* tok, int eot, int steps, u
             sum += probs[i];
         }
         for (int i = 0; i < V; i++) { probs[i] = probs[i] / sum; }
-        tokens[t] = sample_mult(probs, V, zf_random_f32(rng));
+        tokens[t] = sample_mult(probs, V, random_f32(rng));
         tokenizer_print(tok, tokens[t]);
         fflush(stdout);
     }
@@ -515,7 +515,7 @@ static void print_memory_table(const GPT2* model, const ZfCudaDevice* dev, const
     const double MiB = 1048576.0;
     double params = model->num_parameters * sizeof(float) / MiB;
     double acts = model->num_activations * sizeof(float) / MiB;
-    double scratch = model->num_scratch * sizeof(float) / MiB + ZF_CUBLASLT_WORKSPACE_BYTES / MiB;
+    double scratch = model->num_scratch * sizeof(float) / MiB + CUBLASLT_WORKSPACE_BYTES / MiB;
     size_t free_bytes = 0, total_bytes = 0;
     cudaCheck(cudaMemGetInfo(&free_bytes, &total_bytes));
     printf("[memory] GPU %-34s %10.1f MiB\n", "parameters", params);
@@ -532,7 +532,7 @@ static void print_memory_table(const GPT2* model, const ZfCudaDevice* dev, const
 // checkpoint, or the message of a non-finite loss)
 static float* params_on_host(GPT2* model, float** buffer) {
     if (model->zf != NULL) { zf_apply_pending(model->zf); }  // an apply still under way (pipelining)
-    if (*buffer == NULL) { *buffer = (float*)malloc_check(model->num_parameters * sizeof(float)); }
+    if (*buffer == NULL) { *buffer = (float*)mallocCheck(model->num_parameters * sizeof(float)); }
     gpt2_copy_params_to_host(model, *buffer);
     return *buffer;
 }
@@ -563,15 +563,15 @@ int main(int argc, char* argv[]) {
         printf("no checkpoint in %s yet: starting from scratch\n", output_dir);
     }
 
-    cudaDeviceProp prop = zf_cuda_init_device();
+    cudaDeviceProp prop = cuda_init_device();
     printf("[device] %s, compute capability %d.%d, %d SMs, %.1f GiB\n", prop.name, prop.major, prop.minor,
            prop.multiProcessorCount, prop.totalGlobalMem / 1073741824.0);
-    zf_cublas_init(use_tf32);
+    cublas_init(use_tf32);
 
     GPT2 model;
     gpt2_build(&model, model_spec, (uint64_t)seed);
     const GPT2Config* cfg = &model.config;
-    if (T > cfg->max_seq_len) { zf_fail("flag -t: T=%d exceeds the model's maxT=%d", T, cfg->max_seq_len); }
+    if (T > cfg->max_seq_len) { fatal("flag -t: T=%d exceeds the model's maxT=%d", T, cfg->max_seq_len); }
     printf("[GPT-2] L=%d C=%d NH=%d V=%d Vp=%d maxT=%d, %zu parameters (%.1f M)\n", cfg->num_layers,
            cfg->channels, cfg->num_heads, cfg->vocab_size, cfg->padded_vocab_size, cfg->max_seq_len,
            model.num_parameters, model.num_parameters / 1e6);
@@ -591,12 +591,12 @@ int main(int argc, char* argv[]) {
     zcfg = zf.cfg;  // as the mode sets it
     zf.pipeline = args.pipeline;  // gpt2_forward / gpt2_backward call the per-layer hooks
     model.zf = &zf;
-    if (selection_log != NULL) { zf.selection_log = fopen_check(selection_log, "w"); }
+    if (selection_log != NULL) { zf.selection_log = fopenCheck(selection_log, "w"); }
     char interval[32];
     zf_describe_interval(&zcfg, interval, sizeof(interval));
     printf("[optimizer] %s: topk %g, update interval %s, select interval %d, warm-up %d, overlap %s, "
            "accumulation on the %s, transfers %s\n", zf_mode_names[zcfg.mode], zcfg.topk, interval,
-           zcfg.select_interval, zcfg.warmup, zcfg.overlap ? "on" : "off", zf_transport_names[zcfg.transport],
+           zcfg.select_interval, zcfg.warmup, zcfg.overlap ? "on" : "off", zf_accumulate_names[zcfg.accumulate],
            zf.pipeline ? "per layer" : "whole");
     printf("[optimizer] matrix elements M = %zu: the CPU owns %zu after the first selection, the GPU %zu\n",
            zf.matrix_elems, zf.cpu_capacity, zf.gpu_capacity);
@@ -606,15 +606,15 @@ int main(int argc, char* argv[]) {
     FILE* logfile = NULL;
     if (output_dir != NULL) {
         if (mkdir(output_dir, 0755) != 0 && errno != EEXIST) {
-            zf_fail("flag -o: cannot create directory %s: %s", output_dir, strerror(errno));
+            fatal("flag -o: cannot create directory %s: %s", output_dir, strerror(errno));
         }
         char path[4096];
         snprintf(path, sizeof(path), "%s/main.log", output_dir);
-        logfile = fopen_check(path, start_step >= 0 ? "a" : "w");
+        logfile = fopenCheck(path, start_step >= 0 ? "a" : "w");
     }
     FILE* metrics = NULL;
     if (metrics_path != NULL) {
-        metrics = fopen_check(metrics_path, "w");
+        metrics = fopenCheck(metrics_path, "w");
         fprintf(metrics, "step,loss,ms,gpu_ms,compute_ms,stall_ms,cpu_ms,d2h_bytes,h2d_bytes,window_update_ms,select_ms\n");
     }
 
@@ -664,7 +664,7 @@ int main(int argc, char* argv[]) {
         if (last) { break; }
 
         trace_set_step(step + 1);
-        double t0 = zf_now_ms();
+        double t0 = now_ms();
         zf_cuda_step_begin(&device, &zf);
         dataloader_next_batch(&train_loader);
         int span = gpu_trace_begin(0);
@@ -672,7 +672,7 @@ int main(int argc, char* argv[]) {
         gpu_trace_end(span, 0, TRACE_COMPUTE, "forward");
         if (!isfinite(model.mean_loss)) {
             const char* bad = gpt2_first_nonfinite_tensor(cfg, params_on_host(&model, &host_params));
-            zf_fail("step %d: the loss is %f; %s%s (hint: lower the learning rate -l)", step + 1, model.mean_loss,
+            fatal("step %d: the loss is %f; %s%s (hint: lower the learning rate -l)", step + 1, model.mean_loss,
                     bad ? "first non-finite parameter tensor: " : "all parameters are finite, the forward pass overflowed",
                     bad ? bad : "");
         }
@@ -683,7 +683,7 @@ int main(int argc, char* argv[]) {
         zf_step(&zf, step, hyper);
         ZfStepStats st = zf_cuda_step_end(&device, &zf);  // waits for the default stream
         gpu_trace_step_done();
-        double ms = zf_now_ms() - t0;
+        double ms = now_ms() - t0;
         printf("step %d/%d | loss %f | %.1f ms | %.0f tok/s | stall %.1f ms | pcie %.1f MB", step + 1, steps,
                model.mean_loss, ms, B * T / (ms / 1e3), st.stall_ms, (st.d2h_bytes + st.h2d_bytes) / 1e6);
         if (zcfg.mode != ZF_MODE_ADAMW) { printf(" | cpu %.1f ms", zf.cpu_update_ms); }
@@ -710,7 +710,7 @@ int main(int argc, char* argv[]) {
     dataloader_free(&train_loader);
     dataloader_free(&val_loader);
     gpt2_free(&model);
-    zf_cublas_free();
+    cublas_free();
     return 0;
 }
 #endif

@@ -34,7 +34,7 @@ Streams and events (all copies are between pinned host buffers and device stagin
     h2d stream       host -> staging   (the CPU's updated columns, once a window)
 
 The copy engines carry nothing else during a step: the trainer's token ids and losses and
-auto U's sums cross through mapped host memory, moved by kernels (zf_mapped_alloc in
+auto U's sums cross through mapped host memory, moved by kernels (mapped_alloc in
 llmc/cuda_kernels.cuh says why). A selection, once every S steps, still copies its scores
 and column sets with cudaMemcpy.
 
@@ -80,7 +80,7 @@ backward's layer l waits for layer l+R's copy, and they have only the backward. 
 is PCIe-bound (d48: about 5.6 GB down per step, roughly 110 ms at 50 GB/s, against a
 backward of about two thirds of a ~100 ms step) that turns a small stall into a large one.
 The way in cannot shrink either: the prefetched result must wait whole until the boundary.
-(-za gpu is the memory- and PCIe-lean transport: A leaves once per window.) These are
+(-za gpu is the memory- and PCIe-lean choice: A leaves once per window.) These are
 estimates, not measurements; bench_zenflow.sh prints the memory next to the stall.
 
 Build with -fmad=false (the Makefile does): the AdamW here is bitwise the CPU's.
@@ -395,7 +395,7 @@ __global__ void zf_abs_sum_finalize_kernel(double* __restrict__ out, const doubl
 // the backend's state
 
 // events only waited for, never timed; a host thread that waits for one sleeps (see
-// zf_cuda_init_device: without cudaEventBlockingSync, cudaEventSynchronize spins)
+// cuda_init_device: without cudaEventBlockingSync, cudaEventSynchronize spins)
 #define ZF_WAITED_EVENT (cudaEventDisableTiming | cudaEventBlockingSync)
 
 #define ZF_MAX_FENCES 8   // host buffers that copies use: master, acc, acc_job, 2 staging
@@ -448,7 +448,7 @@ typedef struct {
     float* score_partial;  // (COLSUM_MAX_CHUNKS, max_cols) device
     // auto U (spec 6): per set sums of |g|, GPU-owned then CPU-owned; abs_sums' last kernel
     // writes them into mapped host memory (no copy: it would queue behind the gradients
-    // leaving, see zf_mapped_alloc) and zf_cuda_abs_sums_wait hands them to zenflow.h's arrays
+    // leaving, see mapped_alloc) and zf_cuda_abs_sums_wait hands them to zenflow.h's arrays
     double* abs_partial;  // (most chunks either side can have) device
     double* abs_host;     // (2 num_sets) mapped pinned host memory ...
     double* abs_mapped;   // ... and the address the kernel writes it at
@@ -641,7 +641,7 @@ static void zf_cuda_selection_changed(void* ctx, const ZenFlow* zf) {
     }
     if (dev->h_cpu_tiles[dev->num_sets] >= (1LL << 31) || dev->h_gpu_chunks[dev->num_sets] >= (1LL << 31) ||
         dev->h_cpu_chunks[dev->num_sets] >= (1LL << 31)) {
-        zf_fail("zenflow.cuh: the model is too large for one grid of tiles (hint: a smaller model)");
+        fatal("zenflow.cuh: the model is too large for one grid of tiles (hint: a smaller model)");
     }
     // synchronous copies on the default stream: kernels still reading the old sets finish first
     size_t n = dev->num_sets;
@@ -852,7 +852,7 @@ static void zf_cuda_moments_from_host(void* ctx, const ZenFlow* zf, const float*
 // pins a host buffer of zenflow.h that asynchronous copies use, and gives it a fence
 static void zf_cuda_add_fence(ZfCudaDevice* dev, const float* host, size_t bytes, int pin) {
     if (host == NULL) { return; }
-    if (dev->num_fences == ZF_MAX_FENCES) { zf_fail("zenflow.cuh: too many host buffers (ZF_MAX_FENCES)"); }
+    if (dev->num_fences == ZF_MAX_FENCES) { fatal("zenflow.cuh: too many host buffers (ZF_MAX_FENCES)"); }
     ZfFence* f = &dev->fences[dev->num_fences++];
     f->host = host;
     f->bytes = bytes;
@@ -921,7 +921,7 @@ static void zenflow_cuda_init(ZenFlow* zf, ZfCudaDevice* dev, float* params, flo
     for (int i = 0; i < zf->num_matrices; i++) {
         const ZfMatrix* mat = &zf->matrices[i];
         if ((long long)mat->rows * mat->cols >= (1LL << 31)) {
-            zf_fail("zenflow.cuh: matrix %s has %d x %d elements, more than the kernels index with int",
+            fatal("zenflow.cuh: matrix %s has %d x %d elements, more than the kernels index with int",
                     mat->name, mat->rows, mat->cols);
         }
         dev->total_cols += mat->cols;
@@ -934,12 +934,12 @@ static void zenflow_cuda_init(ZenFlow* zf, ZfCudaDevice* dev, float* params, flo
     dev->gpu_chunks = (long long*)cuda_malloc((n + 1) * sizeof(long long), "ZenFlow column sets");
     dev->cpu_chunks = (long long*)cuda_malloc((n + 1) * sizeof(long long), "ZenFlow column sets");
     dev->order = (int*)cuda_malloc(dev->total_cols * sizeof(int), "ZenFlow column order");
-    dev->h_cpu_sets = (ZfColumnSet*)calloc_check(n, sizeof(ZfColumnSet));
-    dev->h_gpu_sets = (ZfColumnSet*)calloc_check(n, sizeof(ZfColumnSet));
-    dev->h_cpu_tiles = (long long*)calloc_check(n + 1, sizeof(long long));
-    dev->h_gpu_chunks = (long long*)calloc_check(n + 1, sizeof(long long));
-    dev->h_cpu_chunks = (long long*)calloc_check(n + 1, sizeof(long long));
-    dev->h_order = (int*)calloc_check(dev->total_cols, sizeof(int));
+    dev->h_cpu_sets = (ZfColumnSet*)callocCheck(n, sizeof(ZfColumnSet));
+    dev->h_gpu_sets = (ZfColumnSet*)callocCheck(n, sizeof(ZfColumnSet));
+    dev->h_cpu_tiles = (long long*)callocCheck(n + 1, sizeof(long long));
+    dev->h_gpu_chunks = (long long*)callocCheck(n + 1, sizeof(long long));
+    dev->h_cpu_chunks = (long long*)callocCheck(n + 1, sizeof(long long));
+    dev->h_order = (int*)callocCheck(dev->total_cols, sizeof(int));
 
     // the GPU's optimizer state (zero, like every moment before the first step)
     size_t g = zf->vector_elems + zf->gpu_capacity;
@@ -947,12 +947,12 @@ static void zenflow_cuda_init(ZenFlow* zf, ZfCudaDevice* dev, float* params, flo
     dev->v = cuda_malloc(g * sizeof(float), "ZenFlow GPU moments v");
     cudaCheck(cudaMemset(dev->m, 0, g * sizeof(float)));
     cudaCheck(cudaMemset(dev->v, 0, g * sizeof(float)));
-    dev->host_moments = (float*)malloc_check(g * sizeof(float));
+    dev->host_moments = (float*)mallocCheck(g * sizeof(float));
     dev->scores = cuda_malloc(dev->max_cols * sizeof(float), "ZenFlow column scores");
     if (c->update_interval == ZF_AUTO) {  // spec 6's sums: chunks of either side, at most
         size_t most = (zf->gpu_capacity > zf->cpu_capacity ? zf->gpu_capacity : zf->cpu_capacity) / ZF_CHUNK + n;
         dev->abs_partial = (double*)cuda_malloc(most * sizeof(double), "ZenFlow auto U sums");
-        dev->abs_host = (double*)zf_mapped_alloc(2 * n * sizeof(double), &dev->abs_mapped, "ZenFlow auto U sums");
+        dev->abs_host = (double*)mapped_alloc(2 * n * sizeof(double), &dev->abs_mapped, "ZenFlow auto U sums");
     }
     cudaCheck(cudaEventCreateWithFlags(&dev->abs_done, ZF_WAITED_EVENT));
     dev->score_partial = cuda_malloc((size_t)COLSUM_MAX_CHUNKS * dev->max_cols * sizeof(float),
@@ -972,7 +972,7 @@ static void zenflow_cuda_init(ZenFlow* zf, ZfCudaDevice* dev, float* params, flo
     dev->staging_bytes = (two ? 2 : 1) * zf->cpu_capacity * sizeof(float);
     // host buffers that asynchronous copies touch; pinned where they carry the traffic
     size_t bytes = zf->cpu_capacity * sizeof(float);
-    int gpu_acc = c->transport == ZF_ACC_GPU;
+    int gpu_acc = c->accumulate == ZF_ACCUMULATE_GPU;
     zf_cuda_add_fence(dev, zf->master, bytes, 1);
     zf_cuda_add_fence(dev, zf->acc, bytes, gpu_acc);
     zf_cuda_add_fence(dev, zf->acc_job, bytes, gpu_acc && c->overlap);
@@ -1006,7 +1006,7 @@ static void zenflow_cuda_free(ZenFlow* zf, ZfCudaDevice* dev) {
         cudaCheck(cudaEventDestroy(dev->stall_end[i]));
     }
     cudaCheck(cudaEventDestroy(dev->abs_done));
-    zf_free_host(dev->abs_host);
+    mapped_free(dev->abs_host);
     void* device_bufs[] = {dev->cpu_sets, dev->gpu_sets, dev->cpu_tiles, dev->gpu_chunks, dev->cpu_chunks, dev->order,
                            dev->m, dev->v, dev->scores, dev->score_partial, dev->abs_partial};
     for (void* p : device_bufs) { cudaCheck(cudaFree(p)); }

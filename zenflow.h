@@ -53,7 +53,7 @@ Same numbers either way, bit for bit: only the moment a copy starts changes.
 
 Threads (spec 5). With overlap on, the CPU's work runs on two background threads, each
 running its jobs in submission order: the UPDATER runs the window updates, the ACCUMULATOR
-(CPU transport) the per-step accumulations. Two, because a window update may take up to U
+(CPU accumulation) the per-step accumulations. Two, because a window update may take up to U
 steps while each step's accumulation must be done within two (its staging buffer comes back
 then, and auto U's decision needs it one step later): on one thread the accumulations would
 queue behind the update and the training loop would wait inside the window. The update of
@@ -84,9 +84,9 @@ typedef enum { ZF_MODE_ADAMW = 0, ZF_MODE_OFFLOAD = 1, ZF_MODE_ZENFLOW = 2 } ZfM
 static const char* const zf_mode_names[3] = {"adamw", "offload", "zenflow"};
 
 // spec 7: where the window's gradient sum A is formed (see the top of this file)
-typedef enum { ZF_ACC_CPU = 0, ZF_ACC_GPU = 1 } ZfTransport;
+typedef enum { ZF_ACCUMULATE_CPU = 0, ZF_ACCUMULATE_GPU = 1 } ZfAccumulate;
 
-static const char* const zf_transport_names[2] = {"cpu", "gpu"};
+static const char* const zf_accumulate_names[2] = {"cpu", "gpu"};
 
 #define ZF_AUTO 0  // update_interval: auto (spec 6)
 
@@ -97,23 +97,23 @@ typedef struct {
     int select_interval;  // S: steps between reselections, 0 = select once
     int warmup;           // W: first W steps are synchronous offload
     int overlap;          // 1: the CPU's window update runs in the background
-    int transport;        // ZF_ACC_CPU or ZF_ACC_GPU (spec 7)
+    int accumulate;       // where the window sum A forms: ZF_ACCUMULATE_CPU or _GPU (spec 7)
     int max_update_interval;  // U_max: with auto U, the longest window (spec 6)
 } ZfConfig;
 
 // defaults of spec sections 2 and 6; S = 100 (see docs/zenflow_spec.md, section 10)
 static inline ZfConfig zf_default_config(void) {
-    ZfConfig c = {ZF_MODE_ZENFLOW, 0.1, 4, 100, 0, 1, ZF_ACC_CPU, 16};
+    ZfConfig c = {ZF_MODE_ZENFLOW, 0.1, 4, 100, 0, 1, ZF_ACCUMULATE_CPU, 16};
     return c;
 }
 
-// the three modes are settings of one design (spec 2); with U = 1 both transports move the
+// the three modes are settings of one design (spec 2); with U = 1 both accumulations move the
 // same bytes, so the baselines always use the paper's
 static inline ZfConfig zf_effective_config(ZfConfig c) {
     // (S = 0: with k = 1 or k = 0 a reselection could only pick the same columns again)
     if (c.mode == ZF_MODE_ADAMW) { c.topk = 1.0; c.update_interval = 1; c.select_interval = 0; c.overlap = 0; c.warmup = 0; }
     if (c.mode == ZF_MODE_OFFLOAD) { c.topk = 0.0; c.update_interval = 1; c.select_interval = 0; c.overlap = 0; c.warmup = 0; }
-    if (c.mode != ZF_MODE_ZENFLOW) { c.transport = ZF_ACC_CPU; }
+    if (c.mode != ZF_MODE_ZENFLOW) { c.accumulate = ZF_ACCUMULATE_CPU; }
     return c;
 }
 
@@ -202,7 +202,7 @@ typedef struct {
 
 // a job on one of the CPU threads (the updater or the accumulator); ticket -1: none
 typedef struct ZfTicket {
-    ZfUpdater* thread;
+    ZfWorker* thread;
     long ticket;
 } ZfTicket;
 
@@ -216,12 +216,12 @@ typedef struct {
     int step;          // s = t + 1 of the boundary step
     ZfAdamHyper hyper;
     int prefetch;      // 1 (in the background): start the result's copy to the device when done
-    struct ZfTicket after;  // CPU transport in the background: the window's last accumulation,
+    struct ZfTicket after;  // CPU accumulation in the background: the window's last accumulation,
                             // on the accumulator thread; the update waits for it first
     double ms;         // out: how long the update took (without waiting for copies)
 } ZfWindowJob;
 
-// one step's accumulation A += g_t (spec 4.4, CPU transport)
+// one step's accumulation A += g_t (spec 4.4, CPU accumulation)
 typedef struct {
     struct ZenFlow* zf;
     const float* grads;  // this step's CPU-owned gradient: a staging buffer
@@ -252,7 +252,7 @@ typedef struct ZenFlow {
     int* all_mats;        // (num_matrices) 0, 1, 2, ...: "group -1"
     float* early_dest;    // this step's gradient columns leave per layer into this host
                           // buffer (NULL: all at once in zf_step)
-    int early_stage;      // ... from staging buffer grad_stage[early_stage] (CPU transport)
+    int early_stage;      // ... from staging buffer grad_stage[early_stage] (CPU accumulation)
     int next_early_group; // the next group to leave (num_groups - 1 down to 0)
     const float* apply_src;  // a synchronous apply waits to be done layer by layer (NULL: none)
     int next_apply_group;    // ... from this group on
@@ -262,15 +262,15 @@ typedef struct ZenFlow {
     float* v;             // (cpu_capacity)
     float* acc;           // (cpu_capacity) A of the open window
     float* acc_job;       // (cpu_capacity) A of the window the updater is working on
-    // CPU transport: this step's CPU-owned gradient, from the device. Two with overlap, used
+    // CPU accumulation: this step's CPU-owned gradient, from the device. Two with overlap, used
     // in turns; stage_reader[i] is the last job that reads grad_stage[i]
     float* grad_stage[2];  // (cpu_capacity) each; [1] only with overlap
     ZfTicket stage_reader[2];
     int stage_next;
     ZfAccumulateJob acc_jobs[2];  // the accumulation reading grad_stage[i]
     int window_count;     // n: steps in the open window
-    ZfUpdater* updater;      // overlap: the window updates (see the top: threads)
-    ZfUpdater* accumulator;  // overlap and CPU transport: the per-step accumulations
+    ZfWorker* updater;      // overlap: the window updates (see the top: threads)
+    ZfWorker* accumulator;  // overlap and CPU accumulation: the per-step accumulations
     int pending;          // a window's CPU result waits to be applied (overlap on)
     long pending_ticket;  // its updater job, or -1 once it has finished
     ZfWindowJob job;
@@ -302,7 +302,7 @@ typedef struct ZenFlow {
 // device work on the timeline (-tr), timed by the host from t0 to now: right for a backend
 // whose calls finish the work (the CPU trainer's); the CUDA backend traces its own
 static inline void zf_trace_device(const ZenFlow* zf, TraceTrack track, const char* name, double t0) {
-    if (!zf->backend.traces_device) { trace_event(track, name, t0, zf_now_ms()); }
+    if (!zf->backend.traces_device) { trace_event(track, name, t0, now_ms()); }
 }
 
 // spec 2: n_sel = floor(k * IC + 0.5), in double like the reference (k as parsed from the flag)
@@ -326,8 +326,8 @@ static inline int zf_n_sel(double k, int cols) { return (int)floor(k * cols + 0.
 // cudaHostRegister maps), and the reselection buffers of adamw and offload (only a
 // checkpoint writes them).
 static inline float* zf_host_zeros(size_t n, int now) {
-    if (!now) { return (float*)calloc_check(n, sizeof(float)); }
-    float* p = (float*)malloc_check(n * sizeof(float));
+    if (!now) { return (float*)callocCheck(n, sizeof(float)); }
+    float* p = (float*)mallocCheck(n * sizeof(float));
 #pragma omp parallel for schedule(static) if (n >= (1 << 16))
     for (size_t i = 0; i < n; i++) { p[i] = 0.0f; }
     return p;
@@ -353,9 +353,9 @@ static inline double zf_host_memory_available(void) {
     return kib < 0 ? -1.0 : kib * 1024.0;
 }
 
-// Gradient staging buffers on the host: CPU transport one, two with overlap (they take turns)
+// Gradient staging buffers on the host: CPU accumulation one, two with overlap (they take turns)
 static inline int zf_staging_buffers(const ZfConfig* cfg) {
-    return cfg->transport == ZF_ACC_CPU ? (cfg->overlap ? 2 : 1) : 0;
+    return cfg->accumulate == ZF_ACCUMULATE_CPU ? (cfg->overlap ? 2 : 1) : 0;
 }
 
 // The host memory zf_init allocates, in bytes: master, m, v, two accumulators and the
@@ -372,14 +372,14 @@ static inline void zf_init(ZenFlow* zf, ZfConfig cfg, const GPT2Config* model, Z
     zf->pending_ticket = -1;
     zf->last_select_step = -1;
     cfg = zf->cfg;
-    if (cfg.topk < 0.0 || cfg.topk > 1.0) { zf_fail("flag -zk: topk ratio %g is not in [0, 1]", cfg.topk); }
-    if (cfg.update_interval < 0) { zf_fail("flag -zu: update interval must be >= 1, or auto"); }
-    if (cfg.max_update_interval < 1) { zf_fail("flag -zx: the longest window must be >= 1"); }
+    if (cfg.topk < 0.0 || cfg.topk > 1.0) { fatal("flag -zk: topk ratio %g is not in [0, 1]", cfg.topk); }
+    if (cfg.update_interval < 0) { fatal("flag -zu: update interval must be >= 1, or auto"); }
+    if (cfg.max_update_interval < 1) { fatal("flag -zx: the longest window must be >= 1"); }
     if (cfg.update_interval == ZF_AUTO && backend.abs_sums == NULL) {
-        zf_fail("-zu auto: this backend cannot measure the gradients it needs (no abs_sums)");
+        fatal("-zu auto: this backend cannot measure the gradients it needs (no abs_sums)");
     }
-    if (cfg.transport != ZF_ACC_CPU && cfg.transport != ZF_ACC_GPU) {
-        zf_fail("flag -za: transport %d is not cpu (0) or gpu (1)", cfg.transport);
+    if (cfg.accumulate != ZF_ACCUMULATE_CPU && cfg.accumulate != ZF_ACCUMULATE_GPU) {
+        fatal("flag -za: accumulation %d is not cpu (0) or gpu (1)", cfg.accumulate);
     }
 
     // matrices and vectors in parameter-buffer order (spec 1)
@@ -401,7 +401,7 @@ static inline void zf_init(ZenFlow* zf, ZfConfig cfg, const GPT2Config* model, Z
                 mat.rows = (int)s.rows;
                 mat.cols = (int)s.cols;
                 mat.layer = s.count == 1 ? -1 : (int)l;
-                mat.cols_by_owner = (int*)malloc_check(s.cols * sizeof(int));
+                mat.cols_by_owner = (int*)mallocCheck(s.cols * sizeof(int));
                 for (int j = 0; j < mat.cols; j++) { mat.cols_by_owner[j] = j; }
                 mats.push_back(mat);
                 zf->matrix_elems += s.rows * s.cols;
@@ -415,14 +415,14 @@ static inline void zf_init(ZenFlow* zf, ZfConfig cfg, const GPT2Config* model, Z
         offset += sizes[i];
     }
     zf->num_matrices = (int)mats.size();
-    zf->matrices = (ZfMatrix*)malloc_check(mats.size() * sizeof(ZfMatrix));
+    zf->matrices = (ZfMatrix*)mallocCheck(mats.size() * sizeof(ZfMatrix));
     memcpy(zf->matrices, mats.data(), mats.size() * sizeof(ZfMatrix));
 
     // transfer groups: the embeddings, then each layer's matrices (in matrix order)
     zf->num_groups = 1 + model->num_layers;
-    zf->group_mats = (int*)malloc_check(mats.size() * sizeof(int));
-    zf->group_start = (int*)calloc_check(zf->num_groups + 1, sizeof(int));
-    zf->all_mats = (int*)malloc_check(mats.size() * sizeof(int));
+    zf->group_mats = (int*)mallocCheck(mats.size() * sizeof(int));
+    zf->group_start = (int*)callocCheck(zf->num_groups + 1, sizeof(int));
+    zf->all_mats = (int*)mallocCheck(mats.size() * sizeof(int));
     int at = 0;
     for (int g = 0; g < zf->num_groups; g++) {
         zf->group_start[g] = at;
@@ -449,7 +449,7 @@ static inline void zf_init(ZenFlow* zf, ZfConfig cfg, const GPT2Config* model, Z
     double need = 4.0 * ((3.0 + 2.0 * zenflow + 2.0 * migrates + zf_staging_buffers(&cfg)) * c + 4.0 * zenflow * g);
     double available = zf_host_memory_available();
     if (available >= 0 && need > available) {
-        zf_fail("ZenFlow's CPU side needs %.2f MiB of host memory and %.2f MiB are available (hint: "
+        fatal("ZenFlow's CPU side needs %.2f MiB of host memory and %.2f MiB are available (hint: "
                 "a smaller model; in zenflow mode also a larger -zk (fewer columns on the CPU), "
                 "-za gpu (no staging buffers), -zv 0 (one instead of two) or -zs 0 without -zw "
                 "(no migration buffers); on a virtual machine whose memory grows as it is used, "
@@ -471,16 +471,16 @@ static inline void zf_init(ZenFlow* zf, ZfConfig cfg, const GPT2Config* model, Z
     zf->gpu_v_old = zf_host_zeros(g, zenflow);
     zf->gpu_m_new = zf_host_zeros(g, zenflow);
     zf->gpu_v_new = zf_host_zeros(g, zenflow);
-    zf->c_sum = (double*)calloc_check(zf->num_matrices, sizeof(double));
-    zf->sum_sel = (double*)calloc_check(zf->num_matrices, sizeof(double));
-    zf->sum_cpu = (double*)calloc_check(zf->num_matrices, sizeof(double));
+    zf->c_sum = (double*)callocCheck(zf->num_matrices, sizeof(double));
+    zf->sum_sel = (double*)callocCheck(zf->num_matrices, sizeof(double));
+    zf->sum_cpu = (double*)callocCheck(zf->num_matrices, sizeof(double));
     zf->auto_job = zf_no_job;
     if (cfg.overlap) {
-        zf->updater = zf_updater_create(0);
-        if (zf->updater == NULL) { zf_fail("could not start the CPU updater thread"); }
-        if (cfg.transport == ZF_ACC_CPU) {
-            zf->accumulator = zf_updater_create(0);
-            if (zf->accumulator == NULL) { zf_fail("could not start the CPU accumulator thread"); }
+        zf->updater = zf_worker_create(0);
+        if (zf->updater == NULL) { fatal("could not start the CPU updater thread"); }
+        if (cfg.accumulate == ZF_ACCUMULATE_CPU) {
+            zf->accumulator = zf_worker_create(0);
+            if (zf->accumulator == NULL) { fatal("could not start the CPU accumulator thread"); }
         }
     }
 }
@@ -570,7 +570,7 @@ static inline double zf_abs_sum(const float* x, size_t n) {
     return sum;
 }
 
-// spec 4.4: A += g_t for the CPU-owned elements (CPU transport)
+// spec 4.4: A += g_t for the CPU-owned elements (CPU accumulation)
 static int zf_accumulate(void* arg) {
     ZfAccumulateJob* job = (ZfAccumulateJob*)arg;
     // debug switch for the failure tests: ZF_FAIL_ACCUMULATE_AT_STEP=<s> makes the
@@ -581,7 +581,7 @@ static int zf_accumulate(void* arg) {
         return 7;
     }
     zf_host_wait(job->zf, job->grads);  // the copy of g_t from the device has landed
-    double t0 = zf_now_ms();
+    double t0 = now_ms();
     if (job->first) {
         zf_accumulate_first(job->acc, job->grads, job->n);
     } else {
@@ -593,7 +593,7 @@ static int zf_accumulate(void* arg) {
             job->abs_sums[i] = zf_abs_sum(job->acc + mat->cpu_offset, (size_t)(mat->cols - mat->n_sel) * mat->rows);
         }
     }
-    double t1 = zf_now_ms();
+    double t1 = now_ms();
     zf_add_cpu_work(job->zf, t0, t1);
     trace_event(TRACE_CPU_ACCUMULATE, "accumulate", t0, t1);
     return 0;
@@ -608,15 +608,15 @@ static int zf_window_update(void* arg) {
     const char* fail_at = getenv("ZF_FAIL_AT_STEP");
     if (fail_at != NULL && atoi(fail_at) == job->step) { return 7; }
     if (job->after.ticket >= 0) {  // A is complete once the window's last accumulation is
-        int status = zf_updater_wait(job->after.thread, job->after.ticket);
+        int status = zf_worker_wait(job->after.thread, job->after.ticket);
         if (status != 0) { return status; }  // (zf_check_threads names the accumulator)
     }
-    zf_host_wait(zf, job->acc);     // GPU transport: A's copy from the device has landed
+    zf_host_wait(zf, job->acc);     // GPU accumulation: A's copy from the device has landed
     zf_host_wait(zf, zf->master);   // the previous result has left for the device
-    double t0 = zf_now_ms();
+    double t0 = now_ms();
     zf_cpu_adam_step_mean(zf->master, zf->m, zf->v, job->acc, job->count, zf->cpu_elems,
                           job->hyper, job->step);
-    double t1 = zf_now_ms();
+    double t1 = now_ms();
     job->ms = t1 - t0;
     zf_add_cpu_work(zf, t0, t1);
     trace_event(TRACE_CPU_UPDATE, "window update", t0, t1);
@@ -630,19 +630,19 @@ static int zf_window_update(void* arg) {
 
 // runs a job on a background thread (*ticket = its ticket) or, thread NULL, here and now (a
 // job of step s, for the error message)
-static inline void zf_run_job(ZenFlow* zf, ZfUpdater* thread, ZfJobFn fn, void* arg, ZfTicket* ticket,
+static inline void zf_run_job(ZenFlow* zf, ZfWorker* thread, ZfJobFn fn, void* arg, ZfTicket* ticket,
                               int s) {
     if (thread != NULL) {
-        *ticket = ZfTicket{thread, zf_updater_submit(thread, fn, arg)};
+        *ticket = ZfTicket{thread, zf_worker_submit(thread, fn, arg)};
         return;
     }
-    double t0 = zf_now_ms();
+    double t0 = now_ms();
     zf_host_blocks(zf, 1);
     int status = fn(arg);
     zf_host_blocks(zf, 0);
-    trace_event(TRACE_WAIT, "wait for CPU (synchronous)", t0, zf_now_ms());
+    trace_event(TRACE_WAIT, "wait for CPU (synchronous)", t0, now_ms());
     if (status != 0) {
-        zf_fail("step %d: the CPU %s failed with code %d", s, fn == zf_accumulate ? "accumulation" : "update", status);
+        fatal("step %d: the CPU %s failed with code %d", s, fn == zf_accumulate ? "accumulation" : "update", status);
     }
 }
 
@@ -652,14 +652,14 @@ static inline void zf_run_job(ZenFlow* zf, ZfUpdater* thread, ZfJobFn fn, void* 
 // a wait that returned an error. The accumulator first: a window update that waited for a
 // failed accumulation fails with the same code.
 static inline void zf_check_threads(ZenFlow* zf) {
-    int status = zf_updater_error(zf->accumulator);
+    int status = zf_worker_error(zf->accumulator);
     if (status != 0) {
-        zf_fail("the CPU accumulator failed with code %d (the accumulation of step %d)", status,
+        fatal("the CPU accumulator failed with code %d (the accumulation of step %d)", status,
                 __atomic_load_n(&zf->failed_step, __ATOMIC_RELAXED));
     }
-    status = zf_updater_error(zf->updater);
+    status = zf_worker_error(zf->updater);
     if (status != 0) {
-        zf_fail("the CPU updater failed with code %d (the window update handed over at step %d)", status,
+        fatal("the CPU updater failed with code %d (the window update handed over at step %d)", status,
                 zf->job.step);
     }
 }
@@ -668,18 +668,18 @@ static inline void zf_check_threads(ZenFlow* zf) {
 // waiting for the updater (spec 5: only at these fixed points)
 
 static inline int zf_job_finished(ZfTicket job) {
-    return job.ticket < 0 || zf_updater_finished(job.thread, job.ticket);
+    return job.ticket < 0 || zf_worker_finished(job.thread, job.ticket);
 }
 
 // waits for one job (and so every earlier one of its thread)
 static inline void zf_wait_ticket(ZenFlow* zf, ZfTicket job) {
     if (job.ticket < 0) { return; }
-    double t0 = zf_now_ms();
+    double t0 = now_ms();
     zf_host_blocks(zf, 1);
-    int status = zf_updater_wait(job.thread, job.ticket);
+    int status = zf_worker_wait(job.thread, job.ticket);
     zf_host_blocks(zf, 0);
     if (status != 0) { zf_check_threads(zf); }
-    trace_event(TRACE_WAIT, "wait for CPU", t0, zf_now_ms());
+    trace_event(TRACE_WAIT, "wait for CPU", t0, now_ms());
 }
 
 // waits for the window job in flight (if any) to finish, without applying its result
@@ -695,13 +695,13 @@ static inline void zf_wait_window(ZenFlow* zf) {
 static inline void zf_wait(ZenFlow* zf) {
     if (zf->updater == NULL) { return; }
     zf_wait_window(zf);
-    double t0 = zf_now_ms();
+    double t0 = now_ms();
     zf_host_blocks(zf, 1);
-    int status = zf->accumulator != NULL ? zf_updater_drain(zf->accumulator) : 0;
-    status |= zf_updater_drain(zf->updater);
+    int status = zf->accumulator != NULL ? zf_worker_drain(zf->accumulator) : 0;
+    status |= zf_worker_drain(zf->updater);
     zf_host_blocks(zf, 0);
     if (status != 0) { zf_check_threads(zf); }
-    trace_event(TRACE_WAIT, "wait for CPU", t0, zf_now_ms());
+    trace_event(TRACE_WAIT, "wait for CPU", t0, now_ms());
     zf->stage_reader[0] = zf->stage_reader[1] = zf_no_job;
     zf->auto_job = zf_no_job;
 }
@@ -710,7 +710,7 @@ static inline void zf_wait(ZenFlow* zf) {
 static inline void zf_wait_and_apply(ZenFlow* zf) {
     if (!zf->pending) { return; }
     zf_wait_window(zf);
-    double t0 = zf_now_ms();
+    double t0 = now_ms();
     zf->backend.params_from_host(zf->backend.ctx, zf, zf->master, -1);
     zf_trace_device(zf, TRACE_H2D, "apply", t0);
     zf->pending = 0;
@@ -722,7 +722,7 @@ static inline void zf_wait_and_apply(ZenFlow* zf) {
 static inline void zf_forward_layer(ZenFlow* zf, int l) {
     if (zf->apply_src == NULL) { return; }
     for (; zf->next_apply_group <= 1 + l && zf->next_apply_group < zf->num_groups; zf->next_apply_group++) {
-        double t0 = zf_now_ms();
+        double t0 = now_ms();
         zf->backend.params_from_host(zf->backend.ctx, zf, zf->apply_src, zf->next_apply_group);
         zf_trace_device(zf, TRACE_H2D, "apply (layer)", t0);
         zf->groups_in++;
@@ -907,7 +907,7 @@ static inline int zf_next_step_closes(ZenFlow* zf, int warmup) {
     return zf->close_next || n >= cfg->max_update_interval;
 }
 
-// CPU transport: the staging buffer for this step's gradient. With the CPU working in the
+// CPU accumulation: the staging buffer for this step's gradient. With the CPU working in the
 // background two take turns, and the job that read this one two steps ago must be done.
 static inline int zf_take_stage(ZenFlow* zf, int background) {
     int i = background ? zf->stage_next : 0;
@@ -925,13 +925,13 @@ static inline int zf_take_stage(ZenFlow* zf, int background) {
 static inline void zf_before_backward(ZenFlow* zf, int t) {
     const ZfConfig* cfg = &zf->cfg;
     zf_apply_pending(zf);  // every forward hook has run (a trainer without them: nothing pends)
-    int all = cfg->transport == ZF_ACC_CPU || zf->window_count == 0;
+    int all = cfg->accumulate == ZF_ACCUMULATE_CPU || zf->window_count == 0;
     zf->backend.zero_grads(zf->backend.ctx, zf, all);
     zf->early_dest = NULL;
     // (at t = 0 the warm-up's start or the first selection lays out the ownership in zf_step)
     if (!zf->pipeline || t == 0 || zf_selects_at(zf, t) || zf->cpu_elems == 0) { return; }
     const int warmup = t < cfg->warmup;
-    if (cfg->transport == ZF_ACC_CPU) {
+    if (cfg->accumulate == ZF_ACCUMULATE_CPU) {
         // g_t leaves every step, into the staging buffer zf_step would take, if it is free
         // now (never wait here: that would keep the backward from being launched)
         const int background = cfg->overlap && !warmup;
@@ -951,7 +951,7 @@ static inline void zf_before_backward(ZenFlow* zf, int t) {
 // the groups of one transfer to the host, num_groups - 1 down to `last`
 static inline void zf_grads_leave(ZenFlow* zf, float* host, int last) {
     for (; zf->next_early_group >= last; zf->next_early_group--) {
-        double t0 = zf_now_ms();
+        double t0 = now_ms();
         zf->backend.grads_to_host(zf->backend.ctx, zf, host, zf->next_early_group);
         zf_trace_device(zf, TRACE_D2H, "gradients (layer)", t0);
         zf->groups_out++;
@@ -963,7 +963,7 @@ static inline void zf_grads_leave(ZenFlow* zf, float* host, int last) {
 static inline void zf_backward_layer_done(ZenFlow* zf, int l) {
     if (zf->early_dest == NULL) { return; }
     if (1 + l != zf->next_early_group) {
-        zf_fail("zf_backward_layer_done(%d): expected layer %d (the layers' backward runs from the last one down)",
+        fatal("zf_backward_layer_done(%d): expected layer %d (the layers' backward runs from the last one down)",
                 l, zf->next_early_group - 1);
     }
     zf_grads_leave(zf, zf->early_dest, 1 + l);
@@ -973,12 +973,12 @@ static inline void zf_backward_layer_done(ZenFlow* zf, int l) {
 // left layer by layer, or all of it at once
 static inline void zf_grads_to_host(ZenFlow* zf, float* host) {
     if (zf->early_dest == NULL) {
-        double t0 = zf_now_ms();
+        double t0 = now_ms();
         zf->backend.grads_to_host(zf->backend.ctx, zf, host, -1);
         zf_trace_device(zf, TRACE_D2H, "gradients", t0);
         return;
     }
-    if (host != zf->early_dest) { zf_fail("zenflow.h: the layers' gradients went to another buffer (a bug)"); }
+    if (host != zf->early_dest) { fatal("zenflow.h: the layers' gradients went to another buffer (a bug)"); }
     zf_grads_leave(zf, host, 0);
     zf->early_dest = NULL;
 }
@@ -1002,15 +1002,15 @@ static inline void zf_step(ZenFlow* zf, int t, ZfAdamHyper hyper) {
     zf->select_ms = 0.0;
     if (zf_selects_at(zf, t)) {
         zf_host_blocks(zf, 1);
-        double t0 = zf_now_ms();
+        double t0 = now_ms();
         zf_select(zf, t);
-        zf->select_ms = zf_now_ms() - t0;
+        zf->select_ms = now_ms() - t0;
         zf_host_blocks(zf, 0);
         zf_trace_device(zf, TRACE_COMPUTE, "select + migrate", t0);
     }
 
     // 4.3 GPU update: selected columns and vectors, with g_t (during warm-up: vectors only)
-    double t0 = zf_now_ms();
+    double t0 = now_ms();
     be->gpu_adam(be->ctx, zf, hyper, s);
     zf_trace_device(zf, TRACE_COMPUTE, "GPU-side AdamW", t0);
     // adamw mode, or a k that selects every column: the CPU owns nothing, so it has nothing
@@ -1030,7 +1030,7 @@ static inline void zf_step(ZenFlow* zf, int t, ZfAdamHyper hyper) {
     // window update will find A.
     const float* window_sum = zf->acc;
     int stage = -1;
-    if (cfg->transport == ZF_ACC_CPU && cpu_work) {
+    if (cfg->accumulate == ZF_ACCUMULATE_CPU && cpu_work) {
         // spec 7, CPU accumulation: g_t's CPU-owned columns to the host, the CPU adds them up
         // (pipelining: most have left already, layer by layer, into the stage taken then)
         stage = zf->early_dest != NULL ? zf->early_stage : zf_take_stage(zf, background);
@@ -1056,7 +1056,7 @@ static inline void zf_step(ZenFlow* zf, int t, ZfAdamHyper hyper) {
         if (auto_u) {
             // spec 6: this step's sums start now; zf_auto_decide reads them one step later
             // (CPU accumulation: the accumulation job, if any, sums |A| too)
-            be->abs_sums(be->ctx, zf, zf->sum_sel, cfg->transport == ZF_ACC_GPU ? zf->sum_cpu : NULL);
+            be->abs_sums(be->ctx, zf, zf->sum_sel, cfg->accumulate == ZF_ACCUMULATE_GPU ? zf->sum_cpu : NULL);
             zf->auto_job = stage >= 0 && background ? zf->stage_reader[stage] : zf_no_job;
             zf->auto_pending = 1;
         }
@@ -1077,7 +1077,7 @@ static inline void zf_step(ZenFlow* zf, int t, ZfAdamHyper hyper) {
     ZfAdamHyper cpu_hyper = hyper;  // every CPU-owned element is a matrix element: decay on
     if (!background) {
         // synchronous: update now, apply before the next forward
-        if (cfg->transport == ZF_ACC_GPU) {
+        if (cfg->accumulate == ZF_ACCUMULATE_GPU) {
             zf_grads_to_host(zf, zf->acc);  // A, once per window
             window_sum = zf->acc;
         }
@@ -1089,25 +1089,25 @@ static inline void zf_step(ZenFlow* zf, int t, ZfAdamHyper hyper) {
             zf->apply_src = zf->master;
             zf->next_apply_group = 0;
         } else {
-            double t4 = zf_now_ms();
+            double t4 = now_ms();
             be->params_from_host(be->ctx, zf, zf->master, -1);
             zf_trace_device(zf, TRACE_H2D, "apply", t4);
         }
     } else {
         // overlap: apply window w-1, then hand window w to the updater and go on training
         zf_wait_and_apply(zf);
-        if (cfg->transport == ZF_ACC_GPU || !single) {
+        if (cfg->accumulate == ZF_ACCUMULATE_GPU || !single) {
             std::swap(zf->acc, zf->acc_job);  // freeze this window's A for the job
             window_sum = zf->acc_job;
         }
-        if (cfg->transport == ZF_ACC_GPU) {
+        if (cfg->accumulate == ZF_ACCUMULATE_GPU) {
             zf_grads_to_host(zf, zf->acc_job);  // A, once per window (the buffer that was acc)
         }
-        // (CPU transport: the update starts after this step's accumulation, on the other thread)
-        ZfTicket after = cfg->transport == ZF_ACC_CPU && !single ? zf->stage_reader[stage] : zf_no_job;
+        // (CPU accumulation: the update starts after this step's accumulation, on the other thread)
+        ZfTicket after = cfg->accumulate == ZF_ACCUMULATE_CPU && !single ? zf->stage_reader[stage] : zf_no_job;
         zf->job = ZfWindowJob{zf, window_sum, n, s, cpu_hyper, 1, after, 0.0};
-        zf->pending_ticket = zf_updater_submit(zf->updater, zf_window_update, &zf->job);
-        if (cfg->transport == ZF_ACC_CPU && single) {
+        zf->pending_ticket = zf_worker_submit(zf->updater, zf_window_update, &zf->job);
+        if (cfg->accumulate == ZF_ACCUMULATE_CPU && single) {
             zf->stage_reader[stage] = ZfTicket{zf->updater, zf->pending_ticket};  // it reads the stage
         }
         zf->pending = 1;
@@ -1124,7 +1124,7 @@ static inline void zf_save_state(ZenFlow* zf, FILE* fp, const char* path) {
     zf_wait(zf);  // every job has finished (a window update waiting to be applied stays pending)
     zf_auto_decide(zf);  // auto U: the last step's evaluation, so that it is in the file
     const ZfBackend* be = &zf->backend;
-    if (zf->window_count > 0 && zf->cfg.transport == ZF_ACC_GPU) {
+    if (zf->window_count > 0 && zf->cfg.accumulate == ZF_ACCUMULATE_GPU) {
         be->grads_to_host(be->ctx, zf, zf->acc, -1);  // A lives in the gradient buffer (spec 7)
         zf_host_wait(zf, zf->acc);
     }
@@ -1136,22 +1136,22 @@ static inline void zf_save_state(ZenFlow* zf, FILE* fp, const char* path) {
                    zf->cfg.warmup, zf->cfg.overlap, zf->window_count, zf->pending,
                    zf->last_select_step};
     int more[3] = {zf->num_selections, zf->moved_columns, zf->num_matrices};
-    fwrite_check(&zf->cfg.topk, sizeof(double), 1, fp, path);
-    fwrite_check(ints, sizeof(int), 8, fp, path);
-    fwrite_check(more, sizeof(int), 3, fp, path);
+    fwriteCheck(&zf->cfg.topk, sizeof(double), 1, fp, path);
+    fwriteCheck(ints, sizeof(int), 8, fp, path);
+    fwriteCheck(more, sizeof(int), 3, fp, path);
     for (int i = 0; i < zf->num_matrices; i++) {
         const ZfMatrix* mat = &zf->matrices[i];
-        fwrite_check(&mat->n_sel, sizeof(int), 1, fp, path);
-        fwrite_check(mat->cols_by_owner, sizeof(int), mat->cols, fp, path);
+        fwriteCheck(&mat->n_sel, sizeof(int), 1, fp, path);
+        fwriteCheck(mat->cols_by_owner, sizeof(int), mat->cols, fp, path);
     }
     size_t g = zf->vector_elems + zf->gpu_sel_elems, c = zf->cpu_elems;
     const float* arrays[6] = {zf->gpu_m_old, zf->gpu_v_old, zf->master, zf->m, zf->v, zf->acc};
     size_t counts[6] = {g, g, c, c, c, c};
-    for (int i = 0; i < 6; i++) { fwrite_check(arrays[i], sizeof(float), counts[i], fp, path); }
+    for (int i = 0; i < 6; i++) { fwriteCheck(arrays[i], sizeof(float), counts[i], fp, path); }
     if (zf->cfg.update_interval == ZF_AUTO) {  // spec 6's state: U_max, the decision, the c sums
         int auto_ints[2] = {zf->cfg.max_update_interval, zf->close_next};
-        fwrite_check(auto_ints, sizeof(int), 2, fp, path);
-        fwrite_check(zf->c_sum, sizeof(double), zf->num_matrices, fp, path);
+        fwriteCheck(auto_ints, sizeof(int), 2, fp, path);
+        fwriteCheck(zf->c_sum, sizeof(double), zf->num_matrices, fp, path);
     }
 }
 
@@ -1163,23 +1163,23 @@ static inline void zf_load_state(ZenFlow* zf, FILE* fp, const char* path) {
     zf_host_wait(zf, zf->acc);
     double topk;
     int ints[8], more[3];
-    fread_check(&topk, sizeof(double), 1, fp, path);
-    fread_check(ints, sizeof(int), 8, fp, path);
-    fread_check(more, sizeof(int), 3, fp, path);
+    freadCheck(&topk, sizeof(double), 1, fp, path);
+    freadCheck(ints, sizeof(int), 8, fp, path);
+    freadCheck(more, sizeof(int), 3, fp, path);
     const ZfConfig* c = &zf->cfg;
     if (topk != c->topk || ints[0] != (int)c->mode || ints[1] != c->update_interval ||
         ints[2] != c->select_interval || ints[3] != c->warmup || ints[4] != c->overlap) {
-        zf_fail("%s: written with -zo %s -zk %g -zu %d -zs %d -zw %d -zv %d, but this run uses "
+        fatal("%s: written with -zo %s -zk %g -zu %d -zs %d -zw %d -zv %d, but this run uses "
                 "-zo %s -zk %g -zu %d -zs %d -zw %d -zv %d (hint: resume with the same flags)",
                 path, ints[0] >= 0 && ints[0] < 3 ? zf_mode_names[ints[0]] : "?", topk, ints[1], ints[2], ints[3], ints[4],
                 zf_mode_names[c->mode], c->topk, c->update_interval, c->select_interval,
                 c->warmup, c->overlap);
     }
-    if (more[2] != zf->num_matrices) { zf_fail("%s: written for another model", path); }
+    if (more[2] != zf->num_matrices) { fatal("%s: written for another model", path); }
     int longest = c->update_interval == ZF_AUTO ? c->max_update_interval : c->update_interval;
     if (ints[5] < 0 || ints[5] >= longest || (ints[6] != 0 && ints[6] != 1) ||
         (ints[6] == 1 && !c->overlap) || more[0] < 0) {
-        zf_fail("%s: corrupt window state (n=%d, pending=%d)", path, ints[5], ints[6]);
+        fatal("%s: corrupt window state (n=%d, pending=%d)", path, ints[5], ints[6]);
     }
     zf->window_count = ints[5];
     zf->pending = ints[6];
@@ -1189,44 +1189,44 @@ static inline void zf_load_state(ZenFlow* zf, FILE* fp, const char* path) {
     zf->moved_columns = more[1];
     for (int i = 0; i < zf->num_matrices; i++) {
         ZfMatrix* mat = &zf->matrices[i];
-        fread_check(&mat->n_sel, sizeof(int), 1, fp, path);
-        fread_check(mat->cols_by_owner, sizeof(int), mat->cols, fp, path);
+        freadCheck(&mat->n_sel, sizeof(int), 1, fp, path);
+        freadCheck(mat->cols_by_owner, sizeof(int), mat->cols, fp, path);
         std::vector<char> seen(mat->cols, 0);
         for (int j = 0; j < mat->cols; j++) {
             int col = mat->cols_by_owner[j];
-            if (col < 0 || col >= mat->cols || seen[col]) { zf_fail("%s: corrupt selection", path); }
+            if (col < 0 || col >= mat->cols || seen[col]) { fatal("%s: corrupt selection", path); }
             seen[col] = 1;
         }
         // before the first selection the CPU owns everything; after it, exactly n_sel columns
         int expected = zf->num_selections > 0 ? zf_n_sel(c->topk, mat->cols) : 0;
-        if (mat->n_sel != expected) { zf_fail("%s: corrupt selection", path); }
+        if (mat->n_sel != expected) { fatal("%s: corrupt selection", path); }
     }
     zf_layout(zf);
     if (zf->cpu_elems > zf->cpu_capacity ||
         zf->gpu_sel_elems > zf->gpu_capacity) {
-        zf_fail("%s: its ownership does not fit this run's buffers (corrupt file?)", path);
+        fatal("%s: its ownership does not fit this run's buffers (corrupt file?)", path);
     }
     size_t g = zf->vector_elems + zf->gpu_sel_elems, n = zf->cpu_elems;
     float* arrays[6] = {zf->gpu_m_new, zf->gpu_v_new, zf->master, zf->m, zf->v, zf->acc};
     size_t counts[6] = {g, g, n, n, n, n};
-    for (int i = 0; i < 6; i++) { fread_check(arrays[i], sizeof(float), counts[i], fp, path); }
+    for (int i = 0; i < 6; i++) { freadCheck(arrays[i], sizeof(float), counts[i], fp, path); }
     zf->auto_pending = 0;
     zf->auto_job = zf_no_job;
     if (c->update_interval == ZF_AUTO) {
         int auto_ints[2];
-        fread_check(auto_ints, sizeof(int), 2, fp, path);
+        freadCheck(auto_ints, sizeof(int), 2, fp, path);
         if (auto_ints[0] != c->max_update_interval) {
-            zf_fail("%s: written with -zx %d, but this run uses -zx %d (hint: resume with the same flags)", path,
+            fatal("%s: written with -zx %d, but this run uses -zx %d (hint: resume with the same flags)", path,
                     auto_ints[0], c->max_update_interval);
         }
-        if (auto_ints[1] != 0 && auto_ints[1] != 1) { zf_fail("%s: corrupt auto-U state", path); }
+        if (auto_ints[1] != 0 && auto_ints[1] != 1) { fatal("%s: corrupt auto-U state", path); }
         zf->close_next = auto_ints[1];
-        fread_check(zf->c_sum, sizeof(double), zf->num_matrices, fp, path);
+        freadCheck(zf->c_sum, sizeof(double), zf->num_matrices, fp, path);
     }
     const ZfBackend* be = &zf->backend;
     be->selection_changed(be->ctx, zf);
     be->moments_from_host(be->ctx, zf, zf->gpu_m_new, zf->gpu_v_new);
-    if (zf->window_count > 0 && zf->cfg.transport == ZF_ACC_GPU) {
+    if (zf->window_count > 0 && zf->cfg.accumulate == ZF_ACCUMULATE_GPU) {
         be->grads_from_host(be->ctx, zf, zf->acc);  // the open window's A, back where it lives
     }
     zf->stage_next = 0;
@@ -1237,9 +1237,9 @@ static inline void zf_load_state(ZenFlow* zf, FILE* fp, const char* path) {
 
 static inline void zf_free(ZenFlow* zf) {
     // the updater first: a window update may still wait for the accumulator
-    int status = zf_updater_destroy(zf->updater);  // (NULL: nothing)
+    int status = zf_worker_destroy(zf->updater);  // (NULL: nothing)
     if (status != 0) { fprintf(stderr, "error: the CPU updater failed with code %d\n", status); }
-    status = zf_updater_destroy(zf->accumulator);
+    status = zf_worker_destroy(zf->accumulator);
     if (status != 0) { fprintf(stderr, "error: the CPU accumulator failed with code %d\n", status); }
     zf->updater = zf->accumulator = NULL;
     for (int i = 0; i < zf->num_matrices; i++) { free(zf->matrices[i].cols_by_owner); }

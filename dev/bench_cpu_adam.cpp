@@ -269,18 +269,18 @@ int main(int argc, char** argv) {
     // and compare with running the two one after the other. Close to 1.0 (or below) means
     // the two teams share the cores without bad oversubscription (spinning, stragglers).
     set_threads(all);
-    ZfUpdater* u = zf_updater_create(all);
-    zf_updater_wait(u, zf_updater_submit(u, adam_job, &b));  // warm up its thread pool
+    ZfWorker* u = zf_worker_create(all);
+    zf_worker_wait(u, zf_worker_submit(u, adam_job, &b));  // warm up its thread pool
     std::vector<double> seq, par;
     for (int r = 0; r < reps; r++) {
         double t0 = now_s();
         run_adam(&a);
-        zf_updater_wait(u, zf_updater_submit(u, adam_job, &b));
+        zf_worker_wait(u, zf_worker_submit(u, adam_job, &b));
         seq.push_back(now_s() - t0);
         t0 = now_s();
-        long tk = zf_updater_submit(u, adam_job, &b);
+        long tk = zf_worker_submit(u, adam_job, &b);
         run_adam(&a);
-        zf_updater_wait(u, tk);
+        zf_worker_wait(u, tk);
         par.push_back(now_s() - t0);
     }
     double ms_seq = median_ms(seq), ms_par = median_ms(par);
@@ -307,24 +307,24 @@ int main(int argc, char** argv) {
     AccumulateArgs acc_jobs[2];
     for (int j = 0; j < 2; j++) { acc_jobs[j] = AccumulateArgs{w.acc, w.g, window_n, j == 0}; }
     state.count = window_u;
-    ZfUpdater* acc_thread = zf_updater_create(all);
+    ZfWorker* acc_thread = zf_worker_create(all);
     std::vector<double> both, upd_alone, acc_alone;
     for (int r = 0; r <= reps; r++) {  // r = 0 warms up the accumulator's thread pool
         double t0 = now_s();
         long last = -1;
         for (int step = 0; step < window_u; step++) {
-            last = zf_updater_submit(acc_thread, accumulate_job, &acc_jobs[step == 0 ? 0 : 1]);
+            last = zf_worker_submit(acc_thread, accumulate_job, &acc_jobs[step == 0 ? 0 : 1]);
         }
-        zf_updater_wait(acc_thread, last);
+        zf_worker_wait(acc_thread, last);
         double t1 = now_s();
-        zf_updater_wait(u, zf_updater_submit(u, window_update_job, &state));
+        zf_worker_wait(u, zf_worker_submit(u, window_update_job, &state));
         double t2 = now_s();
-        long tu = zf_updater_submit(u, window_update_job, &state);
+        long tu = zf_worker_submit(u, window_update_job, &state);
         for (int step = 0; step < window_u; step++) {
-            last = zf_updater_submit(acc_thread, accumulate_job, &acc_jobs[step == 0 ? 0 : 1]);
+            last = zf_worker_submit(acc_thread, accumulate_job, &acc_jobs[step == 0 ? 0 : 1]);
         }
-        zf_updater_wait(u, tu);
-        zf_updater_wait(acc_thread, last);
+        zf_worker_wait(u, tu);
+        zf_worker_wait(acc_thread, last);
         double t3 = now_s();
         if (r == 0) { continue; }
         acc_alone.push_back(t1 - t0);
@@ -338,8 +338,8 @@ int main(int argc, char** argv) {
            window_u, window_n, all, window_u, ms_acc, ms_upd, ms_both);
     printf("RESULT window_u %d\nRESULT window_n %zu\nRESULT window_accumulate_ms %.3f\n"
            "RESULT window_update_ms %.3f\nRESULT window_both_ms %.3f\n", window_u, window_n, ms_acc, ms_upd, ms_both);
-    int rc = zf_updater_destroy(acc_thread);
-    int rc_u = zf_updater_destroy(u);
+    int rc = zf_worker_destroy(acc_thread);
+    int rc_u = zf_worker_destroy(u);
     free(state.arena);
     free(w.arena);
     return rc != 0 ? rc : rc_u;

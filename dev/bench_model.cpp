@@ -20,7 +20,7 @@ int main(int argc, char** argv) {
     if (argc != 3 || !gpt2_parse_model_spec(argv[1], &c)) { fprintf(stderr, "usage: bench_model d12 out.bin\n"); return 2; }
     size_t sizes[NUM_PARAMETER_TENSORS];
     gpt2_param_sizes(&c, sizes);
-    float* params = (float*)calloc_check(gpt2_num_params(&c), sizeof(float));
+    float* params = (float*)callocCheck(gpt2_num_params(&c), sizeof(float));
     float residual_std = 0.02f / sqrtf(2.0f * c.num_layers);
     float* p = params;
     for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {

@@ -48,9 +48,9 @@ static void sim_moments_from_host(void*, const ZenFlow*, const float*, const flo
 static void sim_host_blocks(void* ctx, int begin) {
     SimDevice* dev = (SimDevice*)ctx;
     if (begin) {
-        dev->since = zf_now_ms();
+        dev->since = now_ms();
     } else {
-        dev->blocked_ms += zf_now_ms() - dev->since;
+        dev->blocked_ms += now_ms() - dev->since;
     }
 }
 
@@ -63,8 +63,8 @@ typedef struct {
     double step_ms, stall_ms;  // means over the measured steps
 } SimResult;
 
-// runs one transport at every GPU step time: 2 windows of warm-up, then 4 measured, each
-static std::vector<SimResult> simulate(const GPT2Config* model, int U, int transport, const std::vector<double>& gpu_ms,
+// runs one accumulation choice at every GPU step time: 2 windows of warm-up, then 4 measured, each
+static std::vector<SimResult> simulate(const GPT2Config* model, int U, int accumulate, const std::vector<double>& gpu_ms,
                                        size_t* cpu_elems) {
     SimDevice dev = {0.0, 0.0};
     ZfBackend be;
@@ -84,7 +84,7 @@ static std::vector<SimResult> simulate(const GPT2Config* model, int U, int trans
     ZfConfig cfg = zf_default_config();  // zenflow, k = 0.1, overlap on
     cfg.update_interval = U;
     cfg.select_interval = 0;  // one selection, at the start
-    cfg.transport = transport;
+    cfg.accumulate = accumulate;
     ZenFlow zf;
     zf_init(&zf, cfg, model, be);
     for (int i = 0; i < 2; i++) {  // what the copies would have written (calloc'ed pages read as one zero page)
@@ -99,14 +99,14 @@ static std::vector<SimResult> simulate(const GPT2Config* model, int U, int trans
         double t0 = 0.0, blocked0 = 0.0;
         for (int i = 0; i < 6 * U; i++, t++) {
             if (i == 2 * U) {
-                t0 = zf_now_ms();
+                t0 = now_ms();
                 blocked0 = dev.blocked_ms;
             }
             zf_before_backward(&zf, t);
             sleep_ms(ms);  // the GPU's forward and backward
             zf_step(&zf, t, hyper);
         }
-        SimResult r = {(zf_now_ms() - t0) / (4 * U), (dev.blocked_ms - blocked0) / (4 * U)};
+        SimResult r = {(now_ms() - t0) / (4 * U), (dev.blocked_ms - blocked0) / (4 * U)};
         out.push_back(r);
     }
     *cpu_elems = zf.cpu_elems;
@@ -122,14 +122,14 @@ int main(int argc, char** argv) {
     for (int i = 3; i < argc; i++) { gpu_ms.push_back(atof(argv[i])); }
     if (gpu_ms.empty()) { gpu_ms = {10, 20, 30, 45, 60, 90, 120}; }
     GPT2Config model;
-    if (!gpt2_parse_model_spec(spec, &model)) { zf_fail("sim_stall: '%s' is not a model spec such as d12", spec); }
-    if (U < 1) { zf_fail("sim_stall: U must be >= 1"); }
+    if (!gpt2_parse_model_spec(spec, &model)) { fatal("sim_stall: '%s' is not a model spec such as d12", spec); }
+    if (U < 1) { fatal("sim_stall: U must be >= 1"); }
     for (double ms : gpu_ms) {
-        if (!(ms > 0.0 && ms < 1e5)) { zf_fail("sim_stall: a GPU step of %g ms makes no sense", ms); }
+        if (!(ms > 0.0 && ms < 1e5)) { fatal("sim_stall: a GPU step of %g ms makes no sense", ms); }
     }
     size_t cpu_elems = 0;
-    std::vector<SimResult> cpu = simulate(&model, U, ZF_ACC_CPU, gpu_ms, &cpu_elems);
-    std::vector<SimResult> gpu = simulate(&model, U, ZF_ACC_GPU, gpu_ms, &cpu_elems);
+    std::vector<SimResult> cpu = simulate(&model, U, ZF_ACCUMULATE_CPU, gpu_ms, &cpu_elems);
+    std::vector<SimResult> gpu = simulate(&model, U, ZF_ACCUMULATE_GPU, gpu_ms, &cpu_elems);
     printf("A simulated GPU (the main thread sleeps for its step) beside ZenFlow's real CPU side, %s:\n"
            "k = 0.1, U = %d, %.1f M CPU-owned elements, overlap on; per GPU step time, the mean step and the\n"
            "training loop's wait for the CPU (the stall) over 4 windows after 2:\n",

@@ -11,16 +11,16 @@ int main(int argc, char** argv) {
         fprintf(stderr, "usage: %s <path> <tokens> <seed>\n", argv[0]);
         return 2;
     }
-    int n = (int)zf_parse_int("<tokens>", argv[2], 1, 1 << 30);
-    uint64_t state = (uint64_t)zf_parse_int("<seed>", argv[3], 0, 1L << 62) * 0x9E3779B97F4A7C15ull + 1;
+    int n = (int)parse_int("<tokens>", argv[2], 1, 1 << 30);
+    uint64_t state = (uint64_t)parse_int("<seed>", argv[3], 0, 1L << 62) * 0x9E3779B97F4A7C15ull + 1;
     int header[256] = {SHARD_MAGIC, SHARD_VERSION, n};
-    uint16_t* tokens = (uint16_t*)malloc_check((size_t)n * sizeof(uint16_t));
-    for (int i = 0; i < n; i++) { tokens[i] = (uint16_t)(zf_random_u32(&state) % 50257); }
+    uint16_t* tokens = (uint16_t*)mallocCheck((size_t)n * sizeof(uint16_t));
+    for (int i = 0; i < n; i++) { tokens[i] = (uint16_t)(random_u32(&state) % 50257); }
     char tmp[4200];
-    FILE* fp = zf_atomic_open(argv[1], tmp, sizeof(tmp));
-    fwrite_check(header, sizeof(int), 256, fp, tmp);
-    fwrite_check(tokens, sizeof(uint16_t), (size_t)n, fp, tmp);
-    zf_atomic_commit(fp, tmp, argv[1]);
+    FILE* fp = atomic_write_open(argv[1], tmp, sizeof(tmp));
+    fwriteCheck(header, sizeof(int), 256, fp, tmp);
+    fwriteCheck(tokens, sizeof(uint16_t), (size_t)n, fp, tmp);
+    atomic_write_commit(fp, tmp, argv[1]);
     free(tokens);
     return 0;
 }

@@ -12,7 +12,7 @@ dev/cuda/zenflow_async.cpp (CPU trainer) and test_gpt2.cu (CUDA trainer).
   - bitwise_equal / same_run / report_same: the exact (bitwise) invariants.
 
 Plain C++17, host code only. Include it AFTER the trainer (dev/train_gpt2.cpp or
-train_gpt2.cu): it uses the trainer's fopen_check, zf_fail and ZenFlow's ZfConfig.
+train_gpt2.cu): it uses the trainer's fopenCheck, fatal and ZenFlow's ZfConfig.
 */
 #pragma once
 
@@ -76,10 +76,10 @@ typedef struct {
 static inline CaseSettings read_case(const char* dir) {
     char path[4096];
     snprintf(path, sizeof(path), "%s/case.txt", dir);
-    FILE* fp = fopen_check(path, "r");
+    FILE* fp = fopenCheck(path, "r");
     CaseSettings s;
     if (fscanf(fp, "%d %d %d %f %f", &s.B, &s.T, &s.steps, &s.lr, &s.wd) != 5) {
-        zf_fail("%s: expected 'B T steps lr wd'", path);
+        fatal("%s: expected 'B T steps lr wd'", path);
     }
     fclose(fp);
     return s;
@@ -96,11 +96,11 @@ static inline ZfCase read_zf_case(const char* dir) {
     c.s = read_case(dir);
     char path[4096], mode[32];
     snprintf(path, sizeof(path), "%s/zenflow.txt", dir);
-    FILE* fp = fopen_check(path, "r");
+    FILE* fp = fopenCheck(path, "r");
     c.z = zf_default_config();
     int got = fscanf(fp, "%31s %lf %d %d %d %d %d", mode, &c.z.topk, &c.z.update_interval, &c.z.select_interval,
                      &c.z.warmup, &c.z.overlap, &c.z.max_update_interval);
-    if (got != 6 && got != 7) { zf_fail("%s: expected 'mode k U S W overlap [U_max]' (U = 0: auto)", path); }
+    if (got != 6 && got != 7) { fatal("%s: expected 'mode k U S W overlap [U_max]' (U = 0: auto)", path); }
     fclose(fp);
     if (strcmp(mode, "adamw") == 0) { c.z.mode = ZF_MODE_ADAMW; }
     else if (strcmp(mode, "offload") == 0) { c.z.mode = ZF_MODE_OFFLOAD; }
@@ -111,7 +111,7 @@ static inline ZfCase read_zf_case(const char* dir) {
 // reads the reference losses: lines "<t> <loss>", '#' lines are comments; strict: the steps
 // must be 0, 1, 2, ... and at most max_steps of them. Returns how many were read.
 static inline int read_losses(const char* path, float* losses, int max_steps) {
-    FILE* fp = fopen_check(path, "r");
+    FILE* fp = fopenCheck(path, "r");
     char line[1024];
     int n = 0;
     while (fgets(line, sizeof(line), fp) != NULL) {
@@ -119,7 +119,7 @@ static inline int read_losses(const char* path, float* losses, int max_steps) {
         int t;
         double loss;
         if (sscanf(line, "%d %lf", &t, &loss) != 2 || t != n || n >= max_steps) {
-            zf_fail("%s: bad line '%s' (expected step %d)", path, line, n);
+            fatal("%s: bad line '%s' (expected step %d)", path, line, n);
         }
         losses[n++] = (float)loss;
     }
@@ -132,7 +132,7 @@ static inline int read_losses(const char* path, float* losses, int max_steps) {
 template <typename Real = float>
 static inline std::vector<Real> read_loss_file(const char* path) {
     std::vector<Real> out;
-    FILE* fp = fopen_check(path, "r");
+    FILE* fp = fopenCheck(path, "r");
     char line[1024];
     while (fgets(line, sizeof(line), fp) != NULL) {
         int t;
@@ -155,7 +155,7 @@ typedef struct {
 
 static inline std::vector<Selection> read_selections(const char* path) {
     std::vector<Selection> out;
-    FILE* fp = fopen_check(path, "r");
+    FILE* fp = fopenCheck(path, "r");
     static char line[1 << 20];
     while (fgets(line, sizeof(line), fp) != NULL) {
         char* colon = strchr(line, ':');
@@ -165,7 +165,7 @@ static inline std::vector<Selection> read_selections(const char* path) {
             char name[64];
             int n;
             if (sscanf(line, "sel %d %d %63s %d", &s.t, &s.matrix, name, &n) != 4) {
-                zf_fail("%s: bad line %s", path, line);
+                fatal("%s: bad line %s", path, line);
             }
             char* p = colon + 1;
             for (int i = 0; i < n; i++) { s.cols.push_back((int)strtol(p, &p, 10)); }
@@ -186,7 +186,7 @@ static inline std::vector<Selection> read_selections(const char* path) {
 // a new empty file named after a mkstemp template such as "/tmp/zf_XXXXXX" (filled in place)
 static inline void make_temp_file(char* path_template) {
     int fd = mkstemp(path_template);
-    if (fd < 0) { zf_fail("mkstemp %s failed", path_template); }
+    if (fd < 0) { fatal("mkstemp %s failed", path_template); }
     close(fd);
 }
 
@@ -194,12 +194,12 @@ static inline void make_temp_file(char* path_template) {
 // or a trainer's selection log: (t, n) in step order
 static inline std::vector<std::pair<int, int>> read_windows(const char* path) {
     std::vector<std::pair<int, int>> out;
-    FILE* fp = fopen_check(path, "r");
+    FILE* fp = fopenCheck(path, "r");
     static char line[1 << 20];
     while (fgets(line, sizeof(line), fp) != NULL) {
         int t, n;
         if (strncmp(line, "win ", 4) == 0) {
-            if (sscanf(line, "win %d %d", &t, &n) != 2) { zf_fail("%s: bad line %s", path, line); }
+            if (sscanf(line, "win %d %d", &t, &n) != 2) { fatal("%s: bad line %s", path, line); }
             out.push_back({t, n});
         }
     }

@@ -253,82 +253,82 @@ static bool log_is_range(const std::vector<int>& log, int lo, int hi) {
 }
 
 static void test_updater_order() {
-    ZfUpdater* u = zf_updater_create(0);
+    ZfWorker* u = zf_worker_create(0);
     const int n = 2000;
     std::vector<int> log;
     std::vector<LogJob> jobs(n);
     bool tickets_ok = true;
     for (int i = 0; i < n; i++) {
         jobs[i] = LogJob{&log, i, 0, 0, NULL};
-        if (zf_updater_submit(u, log_job, &jobs[i]) != i) tickets_ok = false;
+        if (zf_worker_submit(u, log_job, &jobs[i]) != i) tickets_ok = false;
     }
-    int rc = zf_updater_drain(u);
+    int rc = zf_worker_drain(u);
     check(tickets_ok, "updater: tickets are 0, 1, 2, ...");
     check(rc == 0 && log_is_range(log, 0, n), "updater: %d jobs ran in submission order", n);
-    check(zf_updater_destroy(u) == 0, "updater: destroy returns 0 without errors");
+    check(zf_worker_destroy(u) == 0, "updater: destroy returns 0 without errors");
 }
 
 static void test_updater_wait() {
-    ZfUpdater* u = zf_updater_create(0);
+    ZfWorker* u = zf_worker_create(0);
     std::vector<int> log;
-    check(zf_updater_wait(u, -1) == 0, "updater: wait(-1) returns at once");
+    check(zf_worker_wait(u, -1) == 0, "updater: wait(-1) returns at once");
     std::atomic<bool> gate(false);
     LogJob a{&log, 0, 0, 20000, NULL}, b{&log, 1, 0, 0, NULL}, c{&log, 2, 0, 0, &gate};
-    zf_updater_submit(u, log_job, &a);
-    long tb = zf_updater_submit(u, log_job, &b);
-    zf_updater_submit(u, log_job, &c);
-    int rc = zf_updater_wait(u, tb);
+    zf_worker_submit(u, log_job, &a);
+    long tb = zf_worker_submit(u, log_job, &b);
+    zf_worker_submit(u, log_job, &c);
+    int rc = zf_worker_wait(u, tb);
     // job c cannot finish before the gate opens, so exactly jobs 0 and 1 are done
     check(rc == 0 && log_is_range(log, 0, 2), "updater: wait(1) returns after jobs 0 and 1, before 2");
     gate = true;
-    rc = zf_updater_drain(u);
+    rc = zf_worker_drain(u);
     check(rc == 0 && log_is_range(log, 0, 3), "updater: drain waits for all jobs");
-    check(zf_updater_drain(u) == 0, "updater: drain with nothing pending returns");
-    double last = 0, total = zf_updater_busy_ms(u, &last);
+    check(zf_worker_drain(u) == 0, "updater: drain with nothing pending returns");
+    double last = 0, total = zf_worker_busy_ms(u, &last);
     check(total >= 20.0 && last >= 0.0 && last < total, "updater: busy_ms total %.2f last %.3f", total, last);
-    zf_updater_destroy(u);
+    zf_worker_destroy(u);
 }
 
 static void test_updater_errors() {
-    ZfUpdater* u = zf_updater_create(0);
+    ZfWorker* u = zf_worker_create(0);
     std::vector<int> log;
     std::atomic<bool> gate(false);
     LogJob j0{&log, 0, 0, 0, NULL}, j1{&log, 1, 0, 0, NULL}, j2{&log, 2, 7, 0, &gate},
            j3{&log, 3, 9, 0, NULL}, j4{&log, 4, 0, 0, NULL}, j5{&log, 5, 0, 0, NULL};
-    zf_updater_submit(u, log_job, &j0);
-    long t1 = zf_updater_submit(u, log_job, &j1);
-    long t2 = zf_updater_submit(u, log_job, &j2);
-    zf_updater_submit(u, log_job, &j3);
-    long t4 = zf_updater_submit(u, log_job, &j4);
-    check(zf_updater_wait(u, t1) == 0, "updater errors: jobs before the failing one report 0");
+    zf_worker_submit(u, log_job, &j0);
+    long t1 = zf_worker_submit(u, log_job, &j1);
+    long t2 = zf_worker_submit(u, log_job, &j2);
+    zf_worker_submit(u, log_job, &j3);
+    long t4 = zf_worker_submit(u, log_job, &j4);
+    check(zf_worker_wait(u, t1) == 0, "updater errors: jobs before the failing one report 0");
     gate = true;
-    check(zf_updater_wait(u, t2) == 7, "updater errors: wait on the failing job returns its status");
-    check(zf_updater_wait(u, t4) == 7, "updater errors: first error sticks (later failing job 3 does not replace it)");
+    check(zf_worker_wait(u, t2) == 7, "updater errors: wait on the failing job returns its status");
+    check(zf_worker_wait(u, t4) == 7, "updater errors: first error sticks (later failing job 3 does not replace it)");
     check(log_is_range(log, 0, 3), "updater errors: jobs after the failure are skipped (log has %zu entries)", log.size());
-    long t5 = zf_updater_submit(u, log_job, &j5);
-    check(zf_updater_wait(u, t5) == 7 && log.size() == 3, "updater errors: a job submitted after the error is skipped, error reported");
-    check(zf_updater_drain(u) == 7, "updater errors: drain returns the error");
-    check(zf_updater_destroy(u) == 7, "updater errors: destroy returns the error");
+    long t5 = zf_worker_submit(u, log_job, &j5);
+    check(zf_worker_wait(u, t5) == 7 && log.size() == 3, "updater errors: a job submitted after the error is skipped, error reported");
+    check(zf_worker_drain(u) == 7, "updater errors: drain returns the error");
+    check(zf_worker_destroy(u) == 7, "updater errors: destroy returns the error");
 
     // Nobody waits: destroy still reports it.
-    u = zf_updater_create(0);
+    u = zf_worker_create(0);
     std::vector<int> log2;
     LogJob k0{&log2, 0, 3, 0, NULL};
-    zf_updater_submit(u, log_job, &k0);
-    check(zf_updater_destroy(u) == 3, "updater errors: an error nobody waited for is returned by destroy");
+    zf_worker_submit(u, log_job, &k0);
+    check(zf_worker_destroy(u) == 3, "updater errors: an error nobody waited for is returned by destroy");
 }
 
 static void test_updater_destroy_pending() {
-    ZfUpdater* u = zf_updater_create(0);
+    ZfWorker* u = zf_worker_create(0);
     std::vector<int> log;
     std::vector<LogJob> jobs(50);
     for (int i = 0; i < 50; i++) {
         jobs[i] = LogJob{&log, i, 0, 500, NULL};
-        zf_updater_submit(u, log_job, &jobs[i]);
+        zf_worker_submit(u, log_job, &jobs[i]);
     }
-    int rc = zf_updater_destroy(u);  // returns only once all 50 have run
+    int rc = zf_worker_destroy(u);  // returns only once all 50 have run
     check(rc == 0 && log_is_range(log, 0, 50), "updater: destroy with 50 pending jobs runs them all, in order");
-    check(zf_updater_destroy(NULL) == 0, "updater: destroy(NULL) is a no-op");
+    check(zf_worker_destroy(NULL) == 0, "updater: destroy(NULL) is a no-op");
 }
 
 // A miniature of the overlap-on pipeline (spec 4.6): each window the main thread accumulates
@@ -357,7 +357,7 @@ static std::vector<float> run_pipeline(bool background, size_t n, int windows, i
     gpu = p;
     std::vector<std::vector<float>> acc(2, std::vector<float>(n, 0.0f));  // double buffer
     std::vector<AdamJob> jobs(windows);
-    ZfUpdater* u = background ? zf_updater_create(2) : NULL;
+    ZfWorker* u = background ? zf_worker_create(2) : NULL;
     long pending = -1;
     int t = 0;
     for (int w = 0; w < windows; w++) {
@@ -371,16 +371,16 @@ static std::vector<float> run_pipeline(bool background, size_t n, int windows, i
         }
         jobs[w] = AdamJob{p.data(), m.data(), v.data(), A.data(), U, t, n};
         if (background) {
-            if (zf_updater_wait(u, pending) != 0) return {};
+            if (zf_worker_wait(u, pending) != 0) return {};
             if (pending >= 0) gpu = p;  // apply window w-1 (only finished jobs wrote p)
-            pending = zf_updater_submit(u, adam_job, &jobs[w]);
+            pending = zf_worker_submit(u, adam_job, &jobs[w]);
         } else {
             if (w > 0) gpu = p;         // same staleness, done synchronously
             adam_job(&jobs[w]);
         }
     }
     if (background) {
-        if (zf_updater_destroy(u) != 0) return {};
+        if (zf_worker_destroy(u) != 0) return {};
     }
     gpu = p;
     out.insert(out.end(), gpu.begin(), gpu.end());
@@ -392,26 +392,26 @@ static void test_updater_determinism() {
     std::vector<float> sync = run_pipeline(false, n, 40, 4);
     std::vector<float> plain = run_pipeline(true, n, 40, 4);
     check(!plain.empty() && same_bits(sync, plain), "updater pipeline: background == synchronous, bitwise");
-    setenv("ZF_UPDATER_DELAY_US", "2000", 1);
+    setenv("ZF_WORKER_DELAY_US", "2000", 1);
     bool all = true;
     for (int rep = 0; rep < 3; rep++) {
         std::vector<float> delayed = run_pipeline(true, n, 40, 4);
         all = all && !delayed.empty() && same_bits(sync, delayed);
     }
-    check(all, "updater pipeline: 3 runs with ZF_UPDATER_DELAY_US=2000 == synchronous, bitwise");
+    check(all, "updater pipeline: 3 runs with ZF_WORKER_DELAY_US=2000 == synchronous, bitwise");
 
     // Many small jobs with delays: order kept.
-    setenv("ZF_UPDATER_DELAY_US", "50", 1);
-    ZfUpdater* u = zf_updater_create(0);
+    setenv("ZF_WORKER_DELAY_US", "50", 1);
+    ZfWorker* u = zf_worker_create(0);
     std::vector<int> log;
     std::vector<LogJob> jobs(1000);
     for (int i = 0; i < 1000; i++) {
         jobs[i] = LogJob{&log, i, 0, 0, NULL};
-        zf_updater_submit(u, log_job, &jobs[i]);
-        if (i % 97 == 0) zf_updater_wait(u, i / 2);
+        zf_worker_submit(u, log_job, &jobs[i]);
+        if (i % 97 == 0) zf_worker_wait(u, i / 2);
     }
-    int rc = zf_updater_destroy(u);
-    unsetenv("ZF_UPDATER_DELAY_US");
+    int rc = zf_worker_destroy(u);
+    unsetenv("ZF_WORKER_DELAY_US");
     check(rc == 0 && log_is_range(log, 0, 1000), "updater: 1000 jobs with random delays ran in order");
 }
 
@@ -426,16 +426,16 @@ static void test_updater_concurrent_openmp() {
     ref_adam(rb.p.data(), rb.m.data(), rb.v.data(), rb.g.data(), NULL, 0, n, h, 3);
     typedef struct { State* st; size_t n; ZfAdamHyper h; } Arg;
     Arg arg{&b, n, h};
-    ZfUpdater* u = zf_updater_create(2);
-    long tk = zf_updater_submit(u, [](void* p) -> int {
+    ZfWorker* u = zf_worker_create(2);
+    long tk = zf_worker_submit(u, [](void* p) -> int {
         Arg* x = (Arg*)p;
         zf_cpu_adam_step(x->st->p.data(), x->st->m.data(), x->st->v.data(), x->st->g.data(), x->n, x->h, 3);
         return 0;
     }, &arg);
     set_threads(2);
     zf_cpu_adam_step(a.p.data(), a.m.data(), a.v.data(), a.g.data(), n, h, 3);
-    int rc = zf_updater_wait(u, tk);
-    zf_updater_destroy(u);
+    int rc = zf_worker_wait(u, tk);
+    zf_worker_destroy(u);
     set_threads(max_test_threads());
     check(rc == 0 && same_state(a, ra) && same_state(b, rb),
           "updater: OpenMP AdamW on main thread and in a job at the same time, both exact");

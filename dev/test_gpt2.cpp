@@ -49,7 +49,7 @@ static void test_case(const char* dir) {
     GPT2DebugState st = gpt2_read_debug_state(path, c);
     int B = st.B, T = st.T, V = c->vocab_size, Vp = c->padded_vocab_size;
     gpt2_forward(&model, st.inputs, st.targets, B, T);
-    float* logits = (float*)malloc_check((size_t)B * T * V * sizeof(float));
+    float* logits = (float*)mallocCheck((size_t)B * T * V * sizeof(float));
     for (size_t bt = 0; bt < (size_t)B * T; bt++) {  // drop the padded columns
         memcpy(logits + bt * V, model.acts.logits + bt * Vp, V * sizeof(float));
     }
@@ -71,7 +71,7 @@ static void test_case(const char* dir) {
     gpt2_free_debug_state(&st);
 
     // 2. the AdamW trajectory on consecutive batches
-    float* ref = (float*)malloc_check((size_t)s.steps * sizeof(float));
+    float* ref = (float*)mallocCheck((size_t)s.steps * sizeof(float));
     snprintf(path, sizeof(path), "%s/losses.txt", dir);
     int n = read_losses(path, ref, s.steps);
     check(n == s.steps, "losses.txt has fewer steps than case.txt says");
@@ -112,16 +112,16 @@ static void write_shard(const char* path, const uint16_t* tokens, int n) {
     header[0] = SHARD_MAGIC;
     header[1] = SHARD_VERSION;
     header[2] = n;
-    FILE* fp = fopen_check(path, "wb");
-    fwrite_check(header, sizeof(int), 256, fp, path);
-    fwrite_check(tokens, sizeof(uint16_t), n, fp, path);
+    FILE* fp = fopenCheck(path, "wb");
+    fwriteCheck(header, sizeof(int), 256, fp, path);
+    fwriteCheck(tokens, sizeof(uint16_t), n, fp, path);
     fclose(fp);
 }
 
 static void test_dataloader(void) {
     printf("== data loader on synthetic shards\n");
     char dir[] = "/tmp/zf_loader_XXXXXX";
-    if (mkdtemp(dir) == NULL) { zf_fail("mkdtemp failed"); }
+    if (mkdtemp(dir) == NULL) { fatal("mkdtemp failed"); }
     char a[4200], b[4200], pattern[4200];
     snprintf(a, sizeof(a), "%s/shard_000.bin", dir);
     snprintf(b, sizeof(b), "%s/shard_001.bin", dir);
@@ -171,13 +171,13 @@ static void write_tokenizer(const char* path, int version, int vocab, int eot) {
     header[1] = version;
     header[2] = vocab;
     header[3] = eot;  // (version 1 has no such field: llm.c left it 0)
-    FILE* fp = fopen_check(path, "wb");
-    fwrite_check(header, sizeof(int), 256, fp, path);
+    FILE* fp = fopenCheck(path, "wb");
+    fwriteCheck(header, sizeof(int), 256, fp, path);
     for (int i = 0; i < vocab; i++) {
         char piece[16];
         unsigned char len = (unsigned char)snprintf(piece, sizeof(piece), "<%d>", i);
-        fwrite_check(&len, 1, 1, fp, path);
-        fwrite_check(piece, 1, len, fp, path);
+        fwriteCheck(&len, 1, 1, fp, path);
+        fwriteCheck(piece, 1, len, fp, path);
     }
     fclose(fp);
 }
@@ -185,7 +185,7 @@ static void write_tokenizer(const char* path, int version, int vocab, int eot) {
 static void test_tokenizer_files(void) {
     printf("== tokenizer files\n");
     char dir[] = "/tmp/zf_tokenizer_XXXXXX";
-    if (mkdtemp(dir) == NULL) { zf_fail("mkdtemp failed"); }
+    if (mkdtemp(dir) == NULL) { fatal("mkdtemp failed"); }
     char v1[4200], v2[4200];
     snprintf(v1, sizeof(v1), "%s/v1.bin", dir);
     snprintf(v2, sizeof(v2), "%s/v2.bin", dir);
@@ -307,7 +307,7 @@ static void test_thread_independence(const char* dir) {
     gpt2_build(&model, path, 0);
     snprintf(path, sizeof(path), "%s/state.bin", dir);
     GPT2DebugState st = gpt2_read_debug_state(path, &model.config);
-    float* first = (float*)malloc_check(model.num_parameters * sizeof(float));
+    float* first = (float*)mallocCheck(model.num_parameters * sizeof(float));
     float loss1 = 0.0f;
     int max_threads = omp_get_max_threads(), ok = 1;
     for (int threads = 1; threads <= 3; threads++) {

@@ -9,7 +9,7 @@ zenflow.txt ("mode k U S W overlap"), and the reference's losses.txt and selecti
 
 Every run trains as the trainer's main loop does, with its defaults: zf_before_backward
 zeroes the gradients, and the passes call the per-layer hooks (-zp 1, transfers per layer).
-1. Against the reference, per case (zenflow: in both transports, -za cpu and -za gpu): the
+1. Against the reference, per case (zenflow: in both accumulations, -za cpu and -za gpu): the
    columns chosen at every selection (every matrix), and the loss of every step (2e-5
    absolute, the bound of test_gpt2cpu, for the same reason: the forward/backward sums
    differ in order, a few ulps).
@@ -25,7 +25,7 @@ zeroes the gradients, and the passes call the per-layer hooks (-zp 1, transfers 
      the moments migrate at every other step, so this also proves no moment is lost);
    - offload equals adamw;
    - two identical zenflow runs give identical losses, also with random delays injected
-     into the updater thread (ZF_UPDATER_DELAY_US), and with whole transfers (-zp 0).
+     into the updater thread (ZF_WORKER_DELAY_US), and with whole transfers (-zp 0).
 */
 #define TESTING
 #include "train_gpt2.cpp"
@@ -51,7 +51,7 @@ static std::vector<float> run(const char* dir, const ZfCase* c, ZfConfig z, cons
     zenflow_cpu_init(&zf, &device, &model, z);
     zf.pipeline = pipeline;
     model.zf = &zf;
-    if (sel_path != NULL) { zf.selection_log = fopen_check(sel_path, "w"); }
+    if (sel_path != NULL) { zf.selection_log = fopenCheck(sel_path, "w"); }
     ZfAdamHyper hyper = {c->s.lr, 0.9f, 0.95f, 1e-8f, c->s.wd};
     std::vector<float> losses;
     for (int t = 0; t < c->s.steps; t++) {
@@ -75,18 +75,18 @@ static void test_against_reference(const char* dir) {
     printf("== %s: %s k=%g U=%d S=%d W=%d overlap=%d, %d steps\n", dir,
            zf_mode_names[c.z.mode], c.z.topk, c.z.update_interval,
            c.z.select_interval, c.z.warmup, c.z.overlap, c.s.steps);
-    // zenflow in both transports (spec 7; the CPU trainer has -za gpu too), each against the
+    // zenflow in both accumulations (spec 7; the CPU trainer has -za gpu too), each against the
     // reference; adamw and offload have no window to accumulate
-    int transports = c.z.mode == ZF_MODE_ZENFLOW ? 2 : 1;
-    for (int tr = 0; tr < transports; tr++) {
+    int accumulations = c.z.mode == ZF_MODE_ZENFLOW ? 2 : 1;
+    for (int tr = 0; tr < accumulations; tr++) {
         ZfConfig z = c.z;
-        z.transport = tr;
-        if (transports == 2) { printf("  -za %s\n", zf_transport_names[tr]); }
+        z.accumulate = tr;
+        if (accumulations == 2) { printf("  -za %s\n", zf_accumulate_names[tr]); }
         char sel_path[] = "/tmp/zf_selections_XXXXXX";
         make_temp_file(sel_path);
         std::vector<float> ours = run(dir, &c, z, sel_path);
         // near-ties: reference scores within 1e-5 of the boundary score (see the top of this file)
-        check_zf_against_reference(dir, sel_path, ours, 1e-5, transports == 2 ? "    " : "  ");
+        check_zf_against_reference(dir, sel_path, ours, 1e-5, accumulations == 2 ? "    " : "  ");
     }
 }
 
@@ -122,9 +122,9 @@ static void test_invariants(const char* dir) {
     z.select_interval = 6;
     z.overlap = 1;
     std::vector<float> first = run(dir, &c, z, NULL), second = run(dir, &c, z, NULL);
-    setenv("ZF_UPDATER_DELAY_US", "3000", 1);
+    setenv("ZF_WORKER_DELAY_US", "3000", 1);
     std::vector<float> delayed = run(dir, &c, z, NULL);
-    unsetenv("ZF_UPDATER_DELAY_US");
+    unsetenv("ZF_WORKER_DELAY_US");
     std::vector<float> whole = run(dir, &c, z, NULL, 0);
     printf("  zenflow overlap run twice: %s; with random updater delays: %s; with whole transfers: %s; "
            "differs from adamw: %s\n",

@@ -573,7 +573,7 @@ void gpt2_build(GPT2* model, const char* spec_or_path, uint64_t seed) {
     model->params_memory = gpt2_load_or_init(spec_or_path, &model->config, seed);
     model->num_parameters = gpt2_num_params(&model->config);
     point_parameters(&model->params, &model->config, model->params_memory);
-    model->grads_memory = (float*)calloc_check(model->num_parameters, sizeof(float));
+    model->grads_memory = (float*)callocCheck(model->num_parameters, sizeof(float));
     point_parameters(&model->grads, &model->config, model->grads_memory);
     model->mean_loss = -1.0f;
 }
@@ -588,10 +588,10 @@ static void gpt2_ensure_activations(GPT2* model, int B, int T) {
     activation_sizes(sizes, &model->config, B, T);
     for (int i = 0; i < NUM_ACTIVATION_TENSORS; i++) { total += sizes[i]; }
     model->num_activations = total;
-    model->acts_memory = (float*)malloc_check(total * sizeof(float));
-    model->grads_acts_memory = (float*)malloc_check(total * sizeof(float));
-    model->inputs = (int*)malloc_check((size_t)B * T * sizeof(int));
-    model->targets = (int*)malloc_check((size_t)B * T * sizeof(int));
+    model->acts_memory = (float*)mallocCheck(total * sizeof(float));
+    model->grads_acts_memory = (float*)mallocCheck(total * sizeof(float));
+    model->inputs = (int*)mallocCheck((size_t)B * T * sizeof(int));
+    model->targets = (int*)mallocCheck((size_t)B * T * sizeof(int));
     model->batch_size = B;
     model->seq_len = T;
 }
@@ -602,12 +602,12 @@ void gpt2_forward(GPT2* model, const int* inputs, const int* targets, int B, int
     const int L = cfg->num_layers, C = cfg->channels, NH = cfg->num_heads;
     const int V = cfg->vocab_size, Vp = cfg->padded_vocab_size;
     if (T > cfg->max_seq_len) {
-        zf_fail("sequence length T=%d exceeds the model's maxT=%d (hint: lower -t)", T,
+        fatal("sequence length T=%d exceeds the model's maxT=%d (hint: lower -t)", T,
                 cfg->max_seq_len);
     }
     for (int i = 0; i < B * T; i++) {
         if (inputs[i] < 0 || inputs[i] >= V || (targets != NULL && (targets[i] < 0 || targets[i] >= V))) {
-            zf_fail("token id out of range at position %d (vocabulary %d)", i, V);
+            fatal("token id out of range at position %d (vocabulary %d)", i, V);
         }
     }
     gpt2_ensure_activations(model, B, T);
@@ -673,7 +673,7 @@ void gpt2_zero_grad(GPT2* model) {
 // backward pass of the last forward (which must have had targets); ADDS into the gradients,
 // so call gpt2_zero_grad first unless accumulating
 void gpt2_backward(GPT2* model, int B, int T) {
-    if (model->mean_loss < 0.0f) { zf_fail("gpt2_backward: the forward pass had no targets"); }
+    if (model->mean_loss < 0.0f) { fatal("gpt2_backward: the forward pass had no targets"); }
     const GPT2Config* cfg = &model->config;
     const int L = cfg->num_layers, C = cfg->channels, NH = cfg->num_heads;
     const int V = cfg->vocab_size, Vp = cfg->padded_vocab_size;
@@ -1008,25 +1008,25 @@ void zenflow_cpu_free(ZenFlow* zf, CpuDevice* dev) {
 // a 32-byte name; then per step: int32 step, and every matrix's cols fp32 scores in order.
 
 FILE* scores_open(const char* path, const ZenFlow* zf) {
-    FILE* fp = fopen_check(path, "wb");
+    FILE* fp = fopenCheck(path, "wb");
     int header[3] = {20241129, 1, zf->num_matrices};
-    fwrite_check(header, sizeof(int), 3, fp, path);
+    fwriteCheck(header, sizeof(int), 3, fp, path);
     for (int i = 0; i < zf->num_matrices; i++) {
         const ZfMatrix* mat = &zf->matrices[i];
         int shape[2] = {mat->rows, mat->cols};
-        fwrite_check(shape, sizeof(int), 2, fp, path);
-        fwrite_check(mat->name, 1, sizeof(mat->name), fp, path);
+        fwriteCheck(shape, sizeof(int), 2, fp, path);
+        fwriteCheck(mat->name, 1, sizeof(mat->name), fp, path);
     }
     return fp;
 }
 
 void scores_write(FILE* fp, ZenFlow* zf, int step) {
-    fwrite_check(&step, sizeof(int), 1, fp, "scores file");
+    fwriteCheck(&step, sizeof(int), 1, fp, "scores file");
     std::vector<float> scores;
     for (int i = 0; i < zf->num_matrices; i++) {
         scores.resize(zf->matrices[i].cols);
         zf->backend.column_scores(zf->backend.ctx, &zf->matrices[i], scores.data());
-        fwrite_check(scores.data(), sizeof(float), scores.size(), fp, "scores file");
+        fwriteCheck(scores.data(), sizeof(float), scores.size(), fp, "scores file");
     }
 }
 
@@ -1048,13 +1048,13 @@ int sample_mult(const float* probs, int n, float coin) {
 void gpt2_sample(GPT2* model, const Tokenizer* tok, int eot, int steps, uint64_t* rng) {
     int maxT = model->config.max_seq_len, Vp = model->config.padded_vocab_size;
     int n = steps + 1 < maxT ? steps + 1 : maxT;
-    int* tokens = (int*)malloc_check(n * sizeof(int));
+    int* tokens = (int*)mallocCheck(n * sizeof(int));
     tokens[0] = eot;
     printf("generating:\n---\n");
     for (int t = 1; t < n; t++) {
         gpt2_forward(model, tokens, NULL, 1, t);
         const float* probs = model->acts.probs + (size_t)(t - 1) * Vp;
-        tokens[t] = sample_mult(probs, model->config.vocab_size, zf_random_f32(rng));
+        tokens[t] = sample_mult(probs, model->config.vocab_size, random_f32(rng));
         tokenizer_print(tok, tokens[t]);
         fflush(stdout);
     }
@@ -1093,7 +1093,7 @@ int main(int argc, char* argv[]) {
     gpt2_build(&model, model_spec, (uint64_t)seed);
     const GPT2Config* cfg = &model.config;
     if (T > cfg->max_seq_len) {
-        zf_fail("flag -t: T=%d exceeds the model's maxT=%d", T, cfg->max_seq_len);
+        fatal("flag -t: T=%d exceeds the model's maxT=%d", T, cfg->max_seq_len);
     }
     printf("[GPT-2] L=%d C=%d NH=%d V=%d Vp=%d maxT=%d, %zu parameters (%.1f M)\n", cfg->num_layers,
            cfg->channels, cfg->num_heads, cfg->vocab_size, cfg->padded_vocab_size,
@@ -1117,22 +1117,22 @@ int main(int argc, char* argv[]) {
     FILE* logfile = NULL;
     if (output_dir != NULL) {
         if (mkdir(output_dir, 0755) != 0 && errno != EEXIST) {
-            zf_fail("flag -o: cannot create directory %s: %s", output_dir, strerror(errno));
+            fatal("flag -o: cannot create directory %s: %s", output_dir, strerror(errno));
         }
         char path[4096];
         snprintf(path, sizeof(path), "%s/main.log", output_dir);
-        logfile = fopen_check(path, start_step >= 0 ? "a" : "w");
+        logfile = fopenCheck(path, start_step >= 0 ? "a" : "w");
     }
 
     zf.pipeline = args.pipeline;  // the passes below call the per-layer hooks
     model.zf = &zf;
-    if (args.selection_log != NULL) { zf.selection_log = fopen_check(args.selection_log, "w"); }
+    if (args.selection_log != NULL) { zf.selection_log = fopenCheck(args.selection_log, "w"); }
     char interval[32];
     zf_describe_interval(&zcfg, interval, sizeof(interval));
     printf("[optimizer] %s: topk %g, update interval %s, select interval %d, warm-up %d, overlap "
            "%s, accumulation on the %s, transfers %s\n", zf_mode_names[zcfg.mode], zcfg.topk,
            interval, zcfg.select_interval, zcfg.warmup, zcfg.overlap ? "on" : "off",
-           zf_transport_names[zcfg.transport], zf.pipeline ? "per layer" : "whole");
+           zf_accumulate_names[zcfg.accumulate], zf.pipeline ? "per layer" : "whole");
     printf("[memory] CPU side (master, m, v, accumulators, staging, migration) %.1f MiB, "
            "GPU-side moments %.1f MiB (their share in zenflow.cuh's packed layout)\n",
            zf_host_bytes(&zf.cfg, zf.cpu_capacity, zf.vector_elems + zf.gpu_capacity) / 1048576.0,
@@ -1184,23 +1184,23 @@ int main(int argc, char* argv[]) {
         if (last) { break; }
 
         trace_set_step(step + 1);
-        double t0 = zf_now_ms();
+        double t0 = now_ms();
         dataloader_next_batch(&train_loader);
         gpt2_forward(&model, train_loader.inputs, train_loader.targets, B, T);
         if (!isfinite(model.mean_loss)) {
             const char* bad = gpt2_first_nonfinite_tensor(cfg, model.params_memory);
-            zf_fail("step %d: the loss is %f; %s%s (hint: lower the learning rate -l)", step + 1,
+            fatal("step %d: the loss is %f; %s%s (hint: lower the learning rate -l)", step + 1,
                     model.mean_loss, bad ? "first non-finite parameter tensor: " : "all parameters are finite, the forward pass overflowed",
                     bad ? bad : "");
         }
-        double t1 = zf_now_ms();
+        double t1 = now_ms();
         trace_event(TRACE_COMPUTE, "forward", t0, t1);
         zf_before_backward(&zf, step);  // zero the gradients (with -za gpu: what the window does not accumulate)
         gpt2_backward(&model, B, T);
-        trace_event(TRACE_COMPUTE, "backward", t1, zf_now_ms());
+        trace_event(TRACE_COMPUTE, "backward", t1, now_ms());
         if (scores_file != NULL) { scores_write(scores_file, &zf, step); }
         zf_step(&zf, step, hyper);
-        double ms = zf_now_ms() - t0;
+        double ms = now_ms() - t0;
         printf("step %d/%d | loss %f | %.1f ms | %.0f tok/s", step + 1, steps, model.mean_loss, ms,
                B * T / (ms / 1e3));
         if (zcfg.mode != ZF_MODE_ADAMW) { printf(" | cpu %.1f ms", zf.cpu_update_ms); }

@@ -106,17 +106,17 @@ static inline void train_args_parse(TrainArgs* a, int argc, char* argv[]) {
         }
         size_t len = strlen(flag);
         if (flag[0] != '-' || len < 2 || len > 3 || (len == 3 && flag[1] != 'z' && flag[1] != 't')) {
-            zf_fail("unknown argument '%s' (hint: -h lists the flags)", flag);
+            fatal("unknown argument '%s' (hint: -h lists the flags)", flag);
         }
-        if (i + 1 >= argc) { zf_fail("flag %s needs a value", flag); }
+        if (i + 1 >= argc) { fatal("flag %s needs a value", flag); }
         const char* val = argv[i + 1];
         ZfConfig* z = &a->zcfg;
         if (len == 3 && flag[1] == 't') {  // the timeline trace, -t<letter>
             switch (flag[2]) {
                 case 'r': a->trace_path = val; break;
-                case 'f': a->trace_first = (int)zf_parse_int(flag, val, 1, 1 << 30); break;
-                case 'n': a->trace_steps = (int)zf_parse_int(flag, val, 1, 1 << 20); break;
-                default: zf_fail("unknown flag %s (hint: -h lists the flags)", flag);
+                case 'f': a->trace_first = (int)parse_int(flag, val, 1, 1 << 30); break;
+                case 'n': a->trace_steps = (int)parse_int(flag, val, 1, 1 << 20); break;
+                default: fatal("unknown flag %s (hint: -h lists the flags)", flag);
             }
             continue;
         }
@@ -126,32 +126,32 @@ static inline void train_args_parse(TrainArgs* a, int argc, char* argv[]) {
                     if (strcmp(val, "adamw") == 0) { z->mode = ZF_MODE_ADAMW; }
                     else if (strcmp(val, "offload") == 0) { z->mode = ZF_MODE_OFFLOAD; }
                     else if (strcmp(val, "zenflow") == 0) { z->mode = ZF_MODE_ZENFLOW; }
-                    else { zf_fail("flag -zo: '%s' is not a mode (adamw, offload or zenflow)", val); }
+                    else { fatal("flag -zo: '%s' is not a mode (adamw, offload or zenflow)", val); }
                     break;
-                case 'k': z->topk = zf_parse_double(flag, val, 0.0, 1.0); break;
+                case 'k': z->topk = parse_double(flag, val, 0.0, 1.0); break;
                 case 'u':  // a number of steps, or auto (spec 6)
                     if (strcmp(val, "auto") == 0) {
                         z->update_interval = ZF_AUTO;
                     } else if (val[0] < '0' || val[0] > '9') {
-                        zf_fail("flag -zu: '%s' is neither a number of steps nor auto", val);
+                        fatal("flag -zu: '%s' is neither a number of steps nor auto", val);
                     } else {
-                        z->update_interval = (int)zf_parse_int(flag, val, 1, 1 << 20);
+                        z->update_interval = (int)parse_int(flag, val, 1, 1 << 20);
                     }
                     break;
-                case 'x': z->max_update_interval = (int)zf_parse_int(flag, val, 1, 1 << 20); break;
-                case 's': z->select_interval = (int)zf_parse_int(flag, val, 0, 1 << 30); break;
-                case 'w': z->warmup = (int)zf_parse_int(flag, val, 0, 1 << 30); break;
-                case 'v': z->overlap = (int)zf_parse_int(flag, val, 0, 1); break;
+                case 'x': z->max_update_interval = (int)parse_int(flag, val, 1, 1 << 20); break;
+                case 's': z->select_interval = (int)parse_int(flag, val, 0, 1 << 30); break;
+                case 'w': z->warmup = (int)parse_int(flag, val, 0, 1 << 30); break;
+                case 'v': z->overlap = (int)parse_int(flag, val, 0, 1); break;
                 case 'a':
-                    if (strcmp(val, "cpu") == 0) { z->transport = ZF_ACC_CPU; }
-                    else if (strcmp(val, "gpu") == 0) { z->transport = ZF_ACC_GPU; }
-                    else { zf_fail("flag -za: '%s' is not a transport (cpu or gpu)", val); }
+                    if (strcmp(val, "cpu") == 0) { z->accumulate = ZF_ACCUMULATE_CPU; }
+                    else if (strcmp(val, "gpu") == 0) { z->accumulate = ZF_ACCUMULATE_GPU; }
+                    else { fatal("flag -za: '%s' is not where to accumulate (cpu or gpu)", val); }
                     break;
-                case 'p': a->pipeline = (int)zf_parse_int(flag, val, 0, 1); break;
+                case 'p': a->pipeline = (int)parse_int(flag, val, 0, 1); break;
                 case 'l': a->selection_log = val; break;
                 case 'd': a->scores_path = val; break;
                 case 'm': a->metrics_path = val; break;
-                default: zf_fail("unknown flag %s (hint: -h lists the flags)", flag);
+                default: fatal("unknown flag %s (hint: -h lists the flags)", flag);
             }
             continue;
         }
@@ -161,36 +161,36 @@ static inline void train_args_parse(TrainArgs* a, int argc, char* argv[]) {
             case 'e': a->model_spec = val; break;
             case 'k': a->tokenizer_path = val; break;
             case 'o': a->output_dir = val; break;
-            case 'b': a->B = (int)zf_parse_int(flag, val, 1, 1 << 16); break;
-            case 't': a->T = (int)zf_parse_int(flag, val, 1, 1 << 20); break;
-            case 'x': a->steps = (int)zf_parse_int(flag, val, 0, 1 << 30); break;
-            case 'l': a->lr = zf_parse_float(flag, val, 0.0, 10.0); break;
-            case 'c': a->weight_decay = zf_parse_float(flag, val, 0.0, 10.0); break;
-            case 'v': a->val_every = (int)zf_parse_int(flag, val, 0, 1 << 30); break;
-            case 'm': a->val_batches = (int)zf_parse_int(flag, val, 1, 1 << 20); break;
-            case 's': a->sample_every = (int)zf_parse_int(flag, val, 0, 1 << 30); break;
-            case 'g': a->gen_tokens = (int)zf_parse_int(flag, val, 1, 1 << 20); break;
-            case 'n': a->checkpoint_every = (int)zf_parse_int(flag, val, 0, 1 << 30); break;
-            case 'y': a->resume = (int)zf_parse_int(flag, val, 0, 1); break;
-            case 'r': a->seed = zf_parse_int(flag, val, 1, 1L << 62); break;  // (a xorshift state of 0 stays 0)
-            case 'f': a->use_tf32 = (int)zf_parse_int(flag, val, 0, 1); break;
-            default: zf_fail("unknown flag %s (hint: -h lists the flags)", flag);
+            case 'b': a->B = (int)parse_int(flag, val, 1, 1 << 16); break;
+            case 't': a->T = (int)parse_int(flag, val, 1, 1 << 20); break;
+            case 'x': a->steps = (int)parse_int(flag, val, 0, 1 << 30); break;
+            case 'l': a->lr = parse_float(flag, val, 0.0, 10.0); break;
+            case 'c': a->weight_decay = parse_float(flag, val, 0.0, 10.0); break;
+            case 'v': a->val_every = (int)parse_int(flag, val, 0, 1 << 30); break;
+            case 'm': a->val_batches = (int)parse_int(flag, val, 1, 1 << 20); break;
+            case 's': a->sample_every = (int)parse_int(flag, val, 0, 1 << 30); break;
+            case 'g': a->gen_tokens = (int)parse_int(flag, val, 1, 1 << 20); break;
+            case 'n': a->checkpoint_every = (int)parse_int(flag, val, 0, 1 << 30); break;
+            case 'y': a->resume = (int)parse_int(flag, val, 0, 1); break;
+            case 'r': a->seed = parse_int(flag, val, 1, 1L << 62); break;  // (a xorshift state of 0 stays 0)
+            case 'f': a->use_tf32 = (int)parse_int(flag, val, 0, 1); break;
+            default: fatal("unknown flag %s (hint: -h lists the flags)", flag);
         }
     }
     if (a->checkpoint_every > 0 && a->output_dir == NULL) {
-        zf_fail("flag -n: checkpoints need an output directory (hint: add -o <dir>)");
+        fatal("flag -n: checkpoints need an output directory (hint: add -o <dir>)");
     }
     if (a->resume && a->output_dir == NULL) {
-        zf_fail("flag -y: resuming needs the output directory of the run (hint: add -o <dir>)");
+        fatal("flag -y: resuming needs the output directory of the run (hint: add -o <dir>)");
     }
     if ((long long)a->B * a->T > (1LL << 30)) {
-        zf_fail("flags -b, -t: B*T=%lld is too large", (long long)a->B * a->T);
+        fatal("flags -b, -t: B*T=%lld is too large", (long long)a->B * a->T);
     }
 }
 
 // a flag this trainer parses but does not implement: one line, naming the one that does
 static inline void train_args_refuse(int given, const char* flag, const char* hint) {
-    if (given) { zf_fail("flag %s is not implemented in this trainer (hint: %s)", flag, hint); }
+    if (given) { fatal("flag %s is not implemented in this trainer (hint: %s)", flag, hint); }
 }
 
 #endif  // LLMC_ARGS_H

@@ -26,7 +26,7 @@ static inline void write_checkpoint(const char* dir, int step, const GPT2Config*
     snprintf(path, sizeof(path), "%s/model_%08d.bin", dir, step);
     gpt2_write_model(path, config, params);
     snprintf(path, sizeof(path), "%s/state_%08d.bin", dir, step);
-    FILE* fp = zf_atomic_open(path, tmp, sizeof(tmp));
+    FILE* fp = atomic_write_open(path, tmp, sizeof(tmp));
     int header[256] = {0};
     header[0] = STATE_MAGIC;
     header[1] = STATE_VERSION;
@@ -34,11 +34,11 @@ static inline void write_checkpoint(const char* dir, int step, const GPT2Config*
     header[3] = loader->B;
     header[4] = loader->T;
     header[5] = (int)loader->shard_index;
-    fwrite_check(header, sizeof(int), 256, fp, tmp);
+    fwriteCheck(header, sizeof(int), 256, fp, tmp);
     uint64_t words[2] = {(uint64_t)loader->position, rng};
-    fwrite_check(words, sizeof(uint64_t), 2, fp, tmp);
+    fwriteCheck(words, sizeof(uint64_t), 2, fp, tmp);
     zf_save_state(zf, fp, tmp);
-    zf_atomic_commit(fp, tmp, path);
+    atomic_write_commit(fp, tmp, path);
     printf("wrote checkpoint %s/{model,state}_%08d.bin\n", dir, step);
 }
 
@@ -55,7 +55,7 @@ static inline int newest_checkpoint(const char* dir) {
             strlen(e->d_name) == 18 && step > best) {
             char model_path[4096];
             snprintf(model_path, sizeof(model_path), "%s/model_%08d.bin", dir, step);
-            if (zf_file_size(model_path) > 0) { best = step; }
+            if (file_size_bytes(model_path) > 0) { best = step; }
         }
     }
     closedir(d);
@@ -67,30 +67,30 @@ static inline void read_checkpoint_state(const char* dir, int step, ZenFlow* zf,
                                          DataLoader* loader, uint64_t* rng) {
     char path[4096];
     snprintf(path, sizeof(path), "%s/state_%08d.bin", dir, step);
-    FILE* fp = fopen_check(path, "rb");
+    FILE* fp = fopenCheck(path, "rb");
     int header[256];
-    fread_check(header, sizeof(int), 256, fp, path);
+    freadCheck(header, sizeof(int), 256, fp, path);
     if (header[0] != STATE_MAGIC || header[1] != STATE_VERSION) {
-        zf_fail("%s: not a training state file (magic %d version %d)", path, header[0], header[1]);
+        fatal("%s: not a training state file (magic %d version %d)", path, header[0], header[1]);
     }
     if (header[2] != step || header[3] != loader->B || header[4] != loader->T) {
-        zf_fail("%s: written with B=%d T=%d, this run has B=%d T=%d (hint: resume with the same "
+        fatal("%s: written with B=%d T=%d, this run has B=%d T=%d (hint: resume with the same "
                 "-b and -t)", path, header[3], header[4], loader->B, loader->T);
     }
     uint64_t words[2];
-    fread_check(words, sizeof(uint64_t), 2, fp, path);
+    freadCheck(words, sizeof(uint64_t), 2, fp, path);
     if (header[5] < 0 || (size_t)header[5] >= loader->glob_result.gl_pathc) {
-        zf_fail("%s: data position refers to shard %d, but -i matches %zu shards", path,
+        fatal("%s: data position refers to shard %d, but -i matches %zu shards", path,
                 header[5], loader->glob_result.gl_pathc);
     }
     dataloader_load_shard(loader, (size_t)header[5]);
     if (words[0] + (size_t)loader->B * loader->T + 1 > loader->num_tokens) {
-        zf_fail("%s: data position %llu is past the shard's end", path, (unsigned long long)words[0]);
+        fatal("%s: data position %llu is past the shard's end", path, (unsigned long long)words[0]);
     }
     loader->position = (size_t)words[0];
     *rng = words[1];
     zf_load_state(zf, fp, path);
-    if (fgetc(fp) != EOF) { zf_fail("%s: trailing bytes (corrupt file?)", path); }
+    if (fgetc(fp) != EOF) { fatal("%s: trailing bytes (corrupt file?)", path); }
     fclose(fp);
 }
 

@@ -38,41 +38,41 @@ Naming: B batch, T time, C channels, NH heads, hs = C/NH, L layers, V vocab, Vp 
 // ----------------------------------------------------------------------------
 // error checks: one line, naming the call, file and line, with a hint
 
-static inline void zf_cuda_check_(cudaError_t err, const char* call, const char* file, int line) {
+static inline void cuda_check(cudaError_t err, const char* call, const char* file, int line) {
     if (err != cudaSuccess) {
-        zf_fail("CUDA error '%s' in %s at %s:%d (hint: run with CUDA_LAUNCH_BLOCKING=1 to find "
+        fatal("CUDA error '%s' in %s at %s:%d (hint: run with CUDA_LAUNCH_BLOCKING=1 to find "
                 "the kernel that failed, or under compute-sanitizer for bad memory accesses)",
                 cudaGetErrorString(err), call, file, line);
     }
 }
-#define cudaCheck(call) zf_cuda_check_((call), #call, __FILE__, __LINE__)
+#define cudaCheck(call) cuda_check((call), #call, __FILE__, __LINE__)
 
-static inline void zf_cublas_check_(cublasStatus_t status, const char* call, const char* file,
+static inline void cublas_check(cublasStatus_t status, const char* call, const char* file,
                                     int line) {
     if (status != CUBLAS_STATUS_SUCCESS) {
-        zf_fail("cuBLAS error '%s' in %s at %s:%d (hint: an unsupported shape or alignment; "
+        fatal("cuBLAS error '%s' in %s at %s:%d (hint: an unsupported shape or alignment; "
                 "CUBLASLT_LOG_LEVEL=5 makes cuBLASLt say why)",
                 cublasLtGetStatusString(status), call, file, line);
     }
 }
-#define cublasCheck(call) zf_cublas_check_((call), #call, __FILE__, __LINE__)
+#define cublasCheck(call) cublas_check((call), #call, __FILE__, __LINE__)
 
 // cudaMalloc that names what did not fit and how much memory was left
-static inline float* zf_cuda_malloc_(size_t bytes, const char* what, const char* file, int line) {
+static inline float* cuda_malloc_check(size_t bytes, const char* what, const char* file, int line) {
     void* ptr = NULL;
     cudaError_t err = cudaMalloc(&ptr, bytes);
     if (err != cudaSuccess) {
         size_t free_bytes = 0, total_bytes = 0;
         cudaGetLastError();  // clear the error so cudaMemGetInfo can answer
         cudaMemGetInfo(&free_bytes, &total_bytes);
-        zf_fail("out of GPU memory: cudaMalloc of %.1f MiB for %s failed (%s; %.1f MiB free of "
+        fatal("out of GPU memory: cudaMalloc of %.1f MiB for %s failed (%s; %.1f MiB free of "
                 "%.1f MiB) at %s:%d (hint: lower -b or -t, or use a smaller model)",
                 bytes / 1048576.0, what, cudaGetErrorString(err), free_bytes / 1048576.0,
                 total_bytes / 1048576.0, file, line);
     }
     return (float*)ptr;
 }
-#define cuda_malloc(bytes, what) zf_cuda_malloc_(bytes, what, __FILE__, __LINE__)
+#define cuda_malloc(bytes, what) cuda_malloc_check(bytes, what, __FILE__, __LINE__)
 
 // Small transfers inside a training step (token ids in, losses out) use MAPPED pinned host
 // memory, which kernels read and write themselves over PCIe. Why not cudaMemcpy: a copy runs
@@ -82,25 +82,25 @@ static inline float* zf_cuda_malloc_(size_t bytes, const char* what, const char*
 // and hold up the default stream; a kernel's own loads and stores queue behind no copy.
 // dev/cuda/copy_engines.cu measures both on the GPU at hand.
 // Returns the host pointer; *device is the address kernels use (the same one, with UVA).
-static inline void* zf_mapped_alloc_(size_t bytes, void** device, const char* what, const char* file, int line) {
+static inline void* mapped_alloc_check(size_t bytes, void** device, const char* what, const char* file, int line) {
     void* host = NULL;
     cudaError_t err = cudaHostAlloc(&host, bytes, cudaHostAllocMapped);
     if (err == cudaSuccess) { err = cudaHostGetDevicePointer(device, host, 0); }
     if (err != cudaSuccess) {
-        zf_fail("could not allocate %.1f KiB of mapped pinned host memory for %s (%s) at %s:%d (hint: the "
+        fatal("could not allocate %.1f KiB of mapped pinned host memory for %s (%s) at %s:%d (hint: the "
                 "GPU must support mapped host memory; check `ulimit -l`)",
                 bytes / 1024.0, what, cudaGetErrorString(err), file, line);
     }
     return host;
 }
-#define zf_mapped_alloc(bytes, device, what) zf_mapped_alloc_(bytes, (void**)(device), what, __FILE__, __LINE__)
+#define mapped_alloc(bytes, device, what) mapped_alloc_check(bytes, (void**)(device), what, __FILE__, __LINE__)
 
-static inline void zf_free_host(void* host) {
+static inline void mapped_free(void* host) {
     if (host != NULL) { cudaCheck(cudaFreeHost(host)); }
 }
 
 // 1 if a CUDA device can be used; else 0 and the reason in `reason`
-static inline int zf_cuda_device_available(char* reason, size_t size) {
+static inline int cuda_device_available(char* reason, size_t size) {
     int count = 0;
     cudaError_t err = cudaGetDeviceCount(&count);
     if (err != cudaSuccess) {
@@ -124,12 +124,12 @@ static inline int zf_cuda_device_available(char* reason, size_t size) {
 // It also checks that this binary carries code the GPU can run: a build without the GPU's
 // architecture (nor PTX the driver can compile for it) would otherwise fail at the first
 // kernel launch, deep inside a step, with a less helpful message.
-__global__ void zf_probe_kernel(void) {}
+__global__ void probe_kernel(void) {}
 
-static inline cudaDeviceProp zf_cuda_init_device(void) {
+static inline cudaDeviceProp cuda_init_device(void) {
     char reason[256];
-    if (!zf_cuda_device_available(reason, sizeof(reason))) {
-        zf_fail("no CUDA device (%s)", reason);
+    if (!cuda_device_available(reason, sizeof(reason))) {
+        fatal("no CUDA device (%s)", reason);
     }
     if (cudaSetDeviceFlags(cudaDeviceScheduleBlockingSync) != cudaSuccess) {
         cudaGetLastError();  // already initialized by the caller: keep its setting
@@ -138,10 +138,10 @@ static inline cudaDeviceProp zf_cuda_init_device(void) {
     cudaDeviceProp prop;
     cudaCheck(cudaGetDeviceProperties(&prop, 0));
     cudaFuncAttributes attr;
-    cudaError_t err = cudaFuncGetAttributes(&attr, zf_probe_kernel);
+    cudaError_t err = cudaFuncGetAttributes(&attr, probe_kernel);
     if (err == cudaErrorNoKernelImageForDevice || err == cudaErrorInvalidDeviceFunction ||
         err == cudaErrorUnsupportedPtxVersion) {
-        zf_fail("this binary cannot run on the %s (compute capability %d.%d): %s (hint: rebuild here with "
+        fatal("this binary cannot run on the %s (compute capability %d.%d): %s (hint: rebuild here with "
                 "`make clean && make`, which adds the local GPU's architecture, or set "
                 "CUDA_ARCH=\"-gencode arch=compute_%d%d,code=sm_%d%d\"; PTX also needs a driver as new as nvcc)",
                 prop.name, prop.major, prop.minor, cudaGetErrorString(err), prop.major, prop.minor, prop.major,
@@ -234,7 +234,7 @@ static inline void encoder_forward(float* out, const int* inp, const float* wte,
     cudaCheck(cudaGetLastError());
 }
 
-// dst[i] = src[i]; with src in mapped host memory (zf_mapped_alloc) it is an upload that
+// dst[i] = src[i]; with src in mapped host memory (mapped_alloc) it is an upload that
 // needs no copy engine: each warp reads 128 contiguous bytes over PCIe
 __global__ void copy_ints_kernel(int* __restrict__ dst, const int* __restrict__ src, size_t n) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -435,46 +435,46 @@ static inline void layernorm_backward(float* dinp, float* dweight, float* dbias,
 // ----------------------------------------------------------------------------
 // matmuls through cuBLASLt (fp32 in and out; TF32 tensor cores if enabled)
 
-static cublasLtHandle_t zf_cublaslt_handle;
-static void* zf_cublaslt_workspace = NULL;
-static const size_t ZF_CUBLASLT_WORKSPACE_BYTES = 32u << 20;  // 32 MiB, allocated once
+static cublasLtHandle_t cublaslt_handle;
+static void* cublaslt_workspace = NULL;
+static const size_t CUBLASLT_WORKSPACE_BYTES = 32u << 20;  // 32 MiB, allocated once
 // TF32 rounds the inputs of each product to 10 mantissa bits: ~7x faster, ~1e-3 relative
 // error per product. CUBLAS_COMPUTE_32F is plain fp32 (the tests use it).
-static cublasComputeType_t zf_cublas_compute = CUBLAS_COMPUTE_32F_FAST_TF32;
+static cublasComputeType_t cublas_compute = CUBLAS_COMPUTE_32F_FAST_TF32;
 
 // The algorithm cuBLASLt's heuristic picks for a problem, cached by everything the choice
 // depends on, so that each shape costs one heuristic query per run (and always gets the
 // same algorithm, which is what makes repeated runs bitwise equal).
-#define ZF_ALGO_CACHE_SIZE 256
-#define ZF_ALGO_KEY_LEN 16
+#define ALGO_CACHE_SIZE 256
+#define ALGO_KEY_LEN 16
 typedef struct {
-    long long key[ZF_ALGO_KEY_LEN];
+    long long key[ALGO_KEY_LEN];
     cublasLtMatmulAlgo_t algo;
-} ZfAlgoCacheEntry;
-static ZfAlgoCacheEntry zf_algo_cache[ZF_ALGO_CACHE_SIZE];
-static int zf_algo_cache_used = 0;
+} AlgoCacheEntry;
+static AlgoCacheEntry algo_cache[ALGO_CACHE_SIZE];
+static int algo_cache_used = 0;
 
-static inline void zf_cublas_init(int use_tf32) {
-    cublasCheck(cublasLtCreate(&zf_cublaslt_handle));
-    zf_cublaslt_workspace = cuda_malloc(ZF_CUBLASLT_WORKSPACE_BYTES, "the cuBLASLt workspace");
-    zf_cublas_compute = use_tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
-    zf_algo_cache_used = 0;
+static inline void cublas_init(int use_tf32) {
+    cublasCheck(cublasLtCreate(&cublaslt_handle));
+    cublaslt_workspace = cuda_malloc(CUBLASLT_WORKSPACE_BYTES, "the cuBLASLt workspace");
+    cublas_compute = use_tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+    algo_cache_used = 0;
 }
 
-static inline void zf_cublas_set_tf32(int use_tf32) {
-    zf_cublas_compute = use_tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+static inline void cublas_set_tf32(int use_tf32) {
+    cublas_compute = use_tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
 }
 
-static inline void zf_cublas_free(void) {
-    cudaCheck(cudaFree(zf_cublaslt_workspace));
-    zf_cublaslt_workspace = NULL;
-    cublasCheck(cublasLtDestroy(zf_cublaslt_handle));
+static inline void cublas_free(void) {
+    cudaCheck(cudaFree(cublaslt_workspace));
+    cublaslt_workspace = NULL;
+    cublasCheck(cublasLtDestroy(cublaslt_handle));
 }
 
 // largest power of two (<= 256) dividing the address and the batch stride in bytes.
 // cuBLASLt assumes 256-byte aligned pointers unless told otherwise, and an algorithm that
 // relies on it would read misaligned vectors; we tell it the truth.
-static inline uint32_t zf_alignment(const void* ptr, long long stride_elems) {
+static inline uint32_t alignment_of(const void* ptr, long long stride_elems) {
     uintptr_t bits = (uintptr_t)ptr | (uintptr_t)(stride_elems * (long long)sizeof(float)) | 256u;
     return (uint32_t)(bits & (~bits + 1));  // lowest set bit
 }
@@ -487,7 +487,7 @@ static void matmul_cublaslt(float* d, const float* a, const float* b, const floa
                             int k, int trans_a, int trans_b, float beta, int batch = 1,
                             long long stride_a = 0, long long stride_b = 0, long long stride_d = 0) {
     cublasLtMatmulDesc_t desc;
-    cublasCheck(cublasLtMatmulDescCreate(&desc, zf_cublas_compute, CUDA_R_32F));
+    cublasCheck(cublasLtMatmulDescCreate(&desc, cublas_compute, CUDA_R_32F));
     cublasOperation_t op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
     cublasOperation_t op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
     cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
@@ -518,22 +518,22 @@ static void matmul_cublaslt(float* d, const float* a, const float* b, const floa
                 layouts[i], CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof(stride)));
         }
     }
-    uint32_t align_a = zf_alignment(a, batch > 1 ? stride_a : 0);
-    uint32_t align_b = zf_alignment(b, batch > 1 ? stride_b : 0);
-    uint32_t align_d = zf_alignment(d, batch > 1 ? stride_d : 0);
-    long long key[ZF_ALGO_KEY_LEN] = {m, n, k, trans_a, trans_b, batch, stride_a, stride_b,
+    uint32_t align_a = alignment_of(a, batch > 1 ? stride_a : 0);
+    uint32_t align_b = alignment_of(b, batch > 1 ? stride_b : 0);
+    uint32_t align_d = alignment_of(d, batch > 1 ? stride_d : 0);
+    long long key[ALGO_KEY_LEN] = {m, n, k, trans_a, trans_b, batch, stride_a, stride_b,
                                       stride_d, bias != NULL, beta != 0.0f, align_a, align_b,
-                                      align_d, bias != NULL ? (long long)zf_alignment(bias, 0) : 0,
-                                      (long long)zf_cublas_compute};
+                                      align_d, bias != NULL ? (long long)alignment_of(bias, 0) : 0,
+                                      (long long)cublas_compute};
     const cublasLtMatmulAlgo_t* algo = NULL;
-    for (int i = 0; i < zf_algo_cache_used; i++) {
-        if (memcmp(zf_algo_cache[i].key, key, sizeof(key)) == 0) { algo = &zf_algo_cache[i].algo; }
+    for (int i = 0; i < algo_cache_used; i++) {
+        if (memcmp(algo_cache[i].key, key, sizeof(key)) == 0) { algo = &algo_cache[i].algo; }
     }
     cublasLtMatmulHeuristicResult_t heuristic;
     if (algo == NULL) {
         cublasLtMatmulPreference_t pref;
         cublasCheck(cublasLtMatmulPreferenceCreate(&pref));
-        uint64_t workspace = ZF_CUBLASLT_WORKSPACE_BYTES;
+        uint64_t workspace = CUBLASLT_WORKSPACE_BYTES;
         cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                          &workspace, sizeof(workspace)));
         cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
@@ -547,27 +547,27 @@ static void matmul_cublaslt(float* d, const float* a, const float* b, const floa
         // (no algorithm: cuBLASLt answers NOT_SUPPORTED, or SUCCESS with found = 0; both get
         // the message below, which names the shape)
         int found = 0;
-        cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(zf_cublaslt_handle, desc, layout_a, layout_b,
+        cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(cublaslt_handle, desc, layout_a, layout_b,
                                                                layout_d, layout_d, pref, 1, &heuristic, &found);
         cublasCheck(cublasLtMatmulPreferenceDestroy(pref));
         if (status != CUBLAS_STATUS_NOT_SUPPORTED) { cublasCheck(status); }
         if (status == CUBLAS_STATUS_NOT_SUPPORTED || found == 0 || heuristic.state != CUBLAS_STATUS_SUCCESS) {
-            zf_fail("cuBLASLt has no algorithm for m=%d n=%d k=%d transa=%d transb=%d batch=%d bias=%d "
+            fatal("cuBLASLt has no algorithm for m=%d n=%d k=%d transa=%d transb=%d batch=%d bias=%d "
                     "(alignments %u/%u/%u bytes) (hint: an odd shape or pointer alignment; try another "
                     "-b/-t or model shape)",
                     m, n, k, trans_a, trans_b, batch, bias != NULL, align_a, align_b, align_d);
         }
         algo = &heuristic.algo;
-        if (zf_algo_cache_used < ZF_ALGO_CACHE_SIZE) {
-            memcpy(zf_algo_cache[zf_algo_cache_used].key, key, sizeof(key));
-            zf_algo_cache[zf_algo_cache_used].algo = heuristic.algo;
-            zf_algo_cache_used++;
+        if (algo_cache_used < ALGO_CACHE_SIZE) {
+            memcpy(algo_cache[algo_cache_used].key, key, sizeof(key));
+            algo_cache[algo_cache_used].algo = heuristic.algo;
+            algo_cache_used++;
         }
     }
     const float alpha = 1.0f;
-    cublasCheck(cublasLtMatmul(zf_cublaslt_handle, desc, &alpha, a, layout_a, b, layout_b, &beta, d,
-                               layout_d, d, layout_d, algo, zf_cublaslt_workspace,
-                               ZF_CUBLASLT_WORKSPACE_BYTES, 0));
+    cublasCheck(cublasLtMatmul(cublaslt_handle, desc, &alpha, a, layout_a, b, layout_b, &beta, d,
+                               layout_d, d, layout_d, algo, cublaslt_workspace,
+                               CUBLASLT_WORKSPACE_BYTES, 0));
     cublasCheck(cublasLtMatrixLayoutDestroy(layout_a));
     cublasCheck(cublasLtMatrixLayoutDestroy(layout_b));
     cublasCheck(cublasLtMatrixLayoutDestroy(layout_d));

@@ -5,7 +5,7 @@ The host clock cannot time GPU work: a launch or an asynchronous copy returns at
 each span of GPU work is a pair of CUDA events recorded on the stream that does the work.
 Their times are read once the end event has completed, relative to an anchor event that was
 recorded and waited for at the start, whose host time is therefore known: that puts GPU
-spans on the same clock as the CPU updater's jobs and the host's waits (zf_now_ms). A copy
+spans on the same clock as the CPU updater's jobs and the host's waits (now_ms). A copy
 of one step can still be in flight when the step ends, so spans are written when they have
 completed (gpu_trace_step_done, without waiting), and all of them at gpu_trace_close.
 Reading a picture: CUDA says the time between events recorded on streams other than the
@@ -58,7 +58,7 @@ static inline void gpu_trace_open(void) {
     cudaCheck(cudaDeviceSynchronize());
     cudaCheck(cudaEventRecord(g_gpu_trace.anchor, 0));
     cudaCheck(cudaEventSynchronize(g_gpu_trace.anchor));
-    g_gpu_trace.anchor_ms = zf_now_ms();
+    g_gpu_trace.anchor_ms = now_ms();
     g_gpu_trace.on = 1;
 }
 

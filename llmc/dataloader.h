@@ -35,40 +35,40 @@ typedef struct {
 // reads and validates a shard into loader->tokens
 static inline void dataloader_load_shard(DataLoader* loader, size_t index) {
     const char* path = loader->glob_result.gl_pathv[index];
-    long long file_size = zf_file_size(path);
+    long long file_size = file_size_bytes(path);
     if (file_size < 1024) {
-        zf_fail("%s: too short to be a token shard (%lld bytes, the header alone is 1024)", path,
+        fatal("%s: too short to be a token shard (%lld bytes, the header alone is 1024)", path,
                 file_size);
     }
-    FILE* fp = fopen_check(path, "rb");
+    FILE* fp = fopenCheck(path, "rb");
     int header[256];
-    fread_check(header, sizeof(int), 256, fp, path);
+    freadCheck(header, sizeof(int), 256, fp, path);
     if (header[0] != SHARD_MAGIC) {
-        zf_fail("%s: bad magic %d, expected %d (hint: not a token shard; make one with "
+        fatal("%s: bad magic %d, expected %d (hint: not a token shard; make one with "
                 "scripts/prepare_tinyshakespeare.py)",
                 path, header[0], SHARD_MAGIC);
     }
     if (header[1] != SHARD_VERSION) {
-        zf_fail("%s: shard version %d, expected %d", path, header[1], SHARD_VERSION);
+        fatal("%s: shard version %d, expected %d", path, header[1], SHARD_VERSION);
     }
     long long n = header[2];
     if (n < 0 || file_size != 1024 + 2 * n) {
-        zf_fail("%s: header says %lld tokens but the file holds %lld bytes of tokens (hint: "
+        fatal("%s: header says %lld tokens but the file holds %lld bytes of tokens (hint: "
                 "truncated or corrupt file)",
                 path, n, file_size - 1024);
     }
     size_t need = (size_t)loader->B * loader->T + 1;
     if ((size_t)n < need) {
-        zf_fail("%s: %lld tokens, but one batch needs B*T+1 = %zu (hint: lower -b or -t)", path, n,
+        fatal("%s: %lld tokens, but one batch needs B*T+1 = %zu (hint: lower -b or -t)", path, n,
                 need);
     }
     free(loader->tokens);
-    loader->tokens = (uint16_t*)malloc_check((size_t)n * sizeof(uint16_t));
-    fread_check(loader->tokens, sizeof(uint16_t), (size_t)n, fp, path);
+    loader->tokens = (uint16_t*)mallocCheck((size_t)n * sizeof(uint16_t));
+    freadCheck(loader->tokens, sizeof(uint16_t), (size_t)n, fp, path);
     fclose(fp);
     for (long long i = 0; i < n; i++) {
         if (loader->tokens[i] >= loader->vocab_size) {
-            zf_fail("%s: token %lld has id %d, but the model's vocabulary has %d ids (hint: the "
+            fatal("%s: token %lld has id %d, but the model's vocabulary has %d ids (hint: the "
                     "data was tokenized for another vocabulary)",
                     path, i, loader->tokens[i], loader->vocab_size);
         }
@@ -86,14 +86,14 @@ static inline void dataloader_init(DataLoader* loader, const char* pattern, int 
     loader->vocab_size = vocab_size;
     int status = glob(pattern, 0, NULL, &loader->glob_result);
     if (status != 0 || loader->glob_result.gl_pathc == 0) {
-        zf_fail("%s: no token shard matches this path (hint: run `make data` to prepare "
+        fatal("%s: no token shard matches this path (hint: run `make data` to prepare "
                 "tinyshakespeare)",
                 pattern);
     }
     // check every shard up front, so a bad one fails now rather than mid-run
     for (size_t i = loader->glob_result.gl_pathc; i-- > 0;) { dataloader_load_shard(loader, i); }
-    loader->inputs = (int*)malloc_check((size_t)B * T * sizeof(int));
-    loader->targets = (int*)malloc_check((size_t)B * T * sizeof(int));
+    loader->inputs = (int*)mallocCheck((size_t)B * T * sizeof(int));
+    loader->targets = (int*)mallocCheck((size_t)B * T * sizeof(int));
 }
 
 static inline void dataloader_reset(DataLoader* loader) {

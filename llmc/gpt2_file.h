@@ -99,15 +99,15 @@ static inline void gpt2_validate_config(const GPT2Config* c, const char* where) 
     if (c->num_layers < 1 || c->num_layers > 1024 || c->channels < 1 || c->channels > 65536 ||
         c->num_heads < 1 || c->max_seq_len < 1 || c->max_seq_len > 1048576 || c->vocab_size < 1 ||
         c->vocab_size > 65536) {
-        zf_fail("%s: implausible model shape L=%d C=%d NH=%d V=%d maxT=%d", where, c->num_layers,
+        fatal("%s: implausible model shape L=%d C=%d NH=%d V=%d maxT=%d", where, c->num_layers,
                 c->channels, c->num_heads, c->vocab_size, c->max_seq_len);
     }
     if (c->channels % c->num_heads != 0) {
-        zf_fail("%s: channels C=%d is not divisible by heads NH=%d", where, c->channels,
+        fatal("%s: channels C=%d is not divisible by heads NH=%d", where, c->channels,
                 c->num_heads);
     }
     if (c->padded_vocab_size != gpt2_pad_vocab(c->vocab_size)) {
-        zf_fail("%s: padded vocab %d is not V=%d rounded up to a multiple of 128 (%d)", where,
+        fatal("%s: padded vocab %d is not V=%d rounded up to a multiple of 128 (%d)", where,
                 c->padded_vocab_size, c->vocab_size, gpt2_pad_vocab(c->vocab_size));
     }
 }
@@ -118,19 +118,19 @@ static inline void gpt2_validate_config(const GPT2Config* c, const char* where) 
 // reads the header of a model file and checks it against the file's size
 static inline GPT2Config gpt2_read_model_header(FILE* fp, const char* path) {
     int header[256];
-    long long file_size = zf_file_size(path);
+    long long file_size = file_size_bytes(path);
     if (file_size < (long long)sizeof(header)) {
-        zf_fail("%s: too short to be a model file (%lld bytes, the header alone is 1024)", path,
+        fatal("%s: too short to be a model file (%lld bytes, the header alone is 1024)", path,
                 file_size);
     }
-    fread_check(header, sizeof(int), 256, fp, path);
+    freadCheck(header, sizeof(int), 256, fp, path);
     if (header[0] != GPT2_MODEL_MAGIC) {
-        zf_fail("%s: bad magic %d, expected %d (hint: not an llm.c model file; make one with "
+        fatal("%s: bad magic %d, expected %d (hint: not an llm.c model file; make one with "
                 "scripts/gpt2_reference.py init)",
                 path, header[0], GPT2_MODEL_MAGIC);
     }
     if (header[1] != GPT2_MODEL_VERSION_FP32) {
-        zf_fail("%s: model version %d, expected %d (fp32) (hint: version 5 is llm.c's bf16 file; "
+        fatal("%s: model version %d, expected %d (fp32) (hint: version 5 is llm.c's bf16 file; "
                 "use the fp32 gpt2_124M.bin)",
                 path, header[1], GPT2_MODEL_VERSION_FP32);
     }
@@ -144,7 +144,7 @@ static inline GPT2Config gpt2_read_model_header(FILE* fp, const char* path) {
     gpt2_validate_config(&c, path);
     long long expected = (long long)sizeof(header) + (long long)gpt2_num_params(&c) * 4;
     if (file_size != expected) {
-        zf_fail("%s: size %lld bytes, but the header's shape needs %lld (hint: truncated or "
+        fatal("%s: size %lld bytes, but the header's shape needs %lld (hint: truncated or "
                 "corrupt file)",
                 path, file_size, expected);
     }
@@ -153,11 +153,11 @@ static inline GPT2Config gpt2_read_model_header(FILE* fp, const char* path) {
 
 // reads a whole model file; returns the parameters (malloc'ed, caller frees)
 static inline float* gpt2_read_model(const char* path, GPT2Config* config) {
-    FILE* fp = fopen_check(path, "rb");
+    FILE* fp = fopenCheck(path, "rb");
     *config = gpt2_read_model_header(fp, path);
     size_t n = gpt2_num_params(config);
-    float* params = (float*)malloc_check(n * sizeof(float));
-    fread_check(params, sizeof(float), n, fp, path);
+    float* params = (float*)mallocCheck(n * sizeof(float));
+    freadCheck(params, sizeof(float), n, fp, path);
     fclose(fp);
     return params;
 }
@@ -174,10 +174,10 @@ static inline void gpt2_write_model(const char* path, const GPT2Config* c, const
     header[6] = c->channels;
     header[7] = c->padded_vocab_size;
     char tmp[4096];
-    FILE* fp = zf_atomic_open(path, tmp, sizeof(tmp));
-    fwrite_check(header, sizeof(int), 256, fp, tmp);
-    fwrite_check(params, sizeof(float), gpt2_num_params(c), fp, tmp);
-    zf_atomic_commit(fp, tmp, path);
+    FILE* fp = atomic_write_open(path, tmp, sizeof(tmp));
+    fwriteCheck(header, sizeof(int), 256, fp, tmp);
+    fwriteCheck(params, sizeof(float), gpt2_num_params(c), fp, tmp);
+    atomic_write_commit(fp, tmp, path);
 }
 
 // ----------------------------------------------------------------------------
@@ -211,12 +211,12 @@ static inline int gpt2_parse_model_spec(const char* spec, GPT2Config* c) {
             case 36: C = 1280; NH = 20; break;
             case 48: C = 1600; NH = 25; break;
             default:
-                zf_fail("-e %s: unknown GPT-2 size (hint: d12, d24, d36, d48, or a shape such as "
+                fatal("-e %s: unknown GPT-2 size (hint: d12, d24, d36, d48, or a shape such as "
                         "d4c256h4)", spec);
         }
     }
     if (L == 0 || C == 0 || NH == 0) {
-        zf_fail("-e %s: a custom shape needs d<L>c<C>h<NH>, e.g. d4c256h4", spec);
+        fatal("-e %s: a custom shape needs d<L>c<C>h<NH>, e.g. d4c256h4", spec);
     }
     c->num_layers = L;
     c->channels = C;
@@ -229,8 +229,8 @@ static inline int gpt2_parse_model_spec(const char* spec, GPT2Config* c) {
 }
 
 // standard normal from two uniforms (Box-Muller); deterministic for a given state
-static inline float zf_random_normal(uint64_t* state) {
-    float u1 = zf_random_f32(state), u2 = zf_random_f32(state);
+static inline float random_normal(uint64_t* state) {
+    float u1 = random_f32(state), u2 = random_f32(state);
     return sqrtf(-2.0f * logf(1.0f - u1)) * cosf(6.2831853f * u2);
 }
 
@@ -240,7 +240,7 @@ static inline float zf_random_normal(uint64_t* state) {
 static inline float* gpt2_random_init(const GPT2Config* c, uint64_t seed) {
     size_t sizes[NUM_PARAMETER_TENSORS];
     gpt2_param_sizes(c, sizes);
-    float* params = (float*)calloc_check(gpt2_num_params(c), sizeof(float));
+    float* params = (float*)callocCheck(gpt2_num_params(c), sizeof(float));
     uint64_t state = seed * 0x9E3779B97F4A7C15ull + 1;
     float residual_std = 0.02f / sqrtf(2.0f * c->num_layers);
     float* p = params;
@@ -250,7 +250,7 @@ static inline float* gpt2_random_init(const GPT2Config* c, uint64_t seed) {
         } else if (gpt2_tensor_shape(c, i).is_matrix) {
             float std = (i == 6 || i == 12) ? residual_std : 0.02f;
             size_t n = (i == 0) ? (size_t)c->vocab_size * c->channels : sizes[i];
-            for (size_t j = 0; j < n; j++) { p[j] = std * zf_random_normal(&state); }
+            for (size_t j = 0; j < n; j++) { p[j] = std * random_normal(&state); }
         }
         p += sizes[i];
     }
@@ -278,34 +278,34 @@ typedef struct {
 static inline GPT2DebugState gpt2_read_debug_state(const char* path, const GPT2Config* c) {
     GPT2DebugState s;
     int header[256];
-    FILE* fp = fopen_check(path, "rb");
-    fread_check(header, sizeof(int), 256, fp, path);
+    FILE* fp = fopenCheck(path, "rb");
+    freadCheck(header, sizeof(int), 256, fp, path);
     if (header[0] != GPT2_STATE_MAGIC || header[1] != GPT2_STATE_VERSION) {
-        zf_fail("%s: not a debug state file (magic %d version %d, expected %d version %d)", path,
+        fatal("%s: not a debug state file (magic %d version %d, expected %d version %d)", path,
                 header[0], header[1], GPT2_STATE_MAGIC, GPT2_STATE_VERSION);
     }
     s.B = header[2];
     s.T = header[3];
     if (s.B < 1 || s.T < 1 || s.T > c->max_seq_len) {
-        zf_fail("%s: bad batch shape B=%d T=%d for maxT=%d", path, s.B, s.T, c->max_seq_len);
+        fatal("%s: bad batch shape B=%d T=%d for maxT=%d", path, s.B, s.T, c->max_seq_len);
     }
     size_t BT = (size_t)s.B * s.T, n = gpt2_num_params(c);
     long long expected = 1024 + (long long)BT * 8 + (long long)BT * c->vocab_size * 4 + 4 +
                          (long long)n * 4;
-    if (zf_file_size(path) != expected) {
-        zf_fail("%s: size %lld bytes, expected %lld for B=%d T=%d and this model (hint: was it "
+    if (file_size_bytes(path) != expected) {
+        fatal("%s: size %lld bytes, expected %lld for B=%d T=%d and this model (hint: was it "
                 "written for another model?)",
-                path, zf_file_size(path), expected, s.B, s.T);
+                path, file_size_bytes(path), expected, s.B, s.T);
     }
-    s.inputs = (int*)malloc_check(BT * sizeof(int));
-    s.targets = (int*)malloc_check(BT * sizeof(int));
-    s.logits = (float*)malloc_check(BT * c->vocab_size * sizeof(float));
-    s.grads = (float*)malloc_check(n * sizeof(float));
-    fread_check(s.inputs, sizeof(int), BT, fp, path);
-    fread_check(s.targets, sizeof(int), BT, fp, path);
-    fread_check(s.logits, sizeof(float), BT * c->vocab_size, fp, path);
-    fread_check(&s.loss, sizeof(float), 1, fp, path);
-    fread_check(s.grads, sizeof(float), n, fp, path);
+    s.inputs = (int*)mallocCheck(BT * sizeof(int));
+    s.targets = (int*)mallocCheck(BT * sizeof(int));
+    s.logits = (float*)mallocCheck(BT * c->vocab_size * sizeof(float));
+    s.grads = (float*)mallocCheck(n * sizeof(float));
+    freadCheck(s.inputs, sizeof(int), BT, fp, path);
+    freadCheck(s.targets, sizeof(int), BT, fp, path);
+    freadCheck(s.logits, sizeof(float), BT * c->vocab_size, fp, path);
+    freadCheck(&s.loss, sizeof(float), 1, fp, path);
+    freadCheck(s.grads, sizeof(float), n, fp, path);
     fclose(fp);
     return s;
 }

@@ -36,35 +36,35 @@ static inline void tokenizer_init(Tokenizer* tok, const char* path) {
         return;
     }
     int header[256];
-    fread_check(header, sizeof(int), 256, fp, path);
+    freadCheck(header, sizeof(int), 256, fp, path);
     if (header[0] != TOKENIZER_MAGIC) {
-        zf_fail("%s: bad magic %d, expected %d (hint: not a tokenizer file)", path, header[0],
+        fatal("%s: bad magic %d, expected %d (hint: not a tokenizer file)", path, header[0],
                 TOKENIZER_MAGIC);
     }
     if (header[1] == 1) {  // GPT-2's tokens, the <|endoftext|> id implied
         if (header[2] != 50257) {
-            zf_fail("%s: a version 1 tokenizer has GPT-2's 50257 tokens, this one %d (hint: write it "
+            fatal("%s: a version 1 tokenizer has GPT-2's 50257 tokens, this one %d (hint: write it "
                     "again as version 2, which names its <|endoftext|>)", path, header[2]);
         }
         header[3] = 50256;
     } else if (header[1] != TOKENIZER_VERSION) {
-        zf_fail("%s: tokenizer version %d, expected 1 or %d", path, header[1], TOKENIZER_VERSION);
+        fatal("%s: tokenizer version %d, expected 1 or %d", path, header[1], TOKENIZER_VERSION);
     }
     if (header[2] < 1 || header[2] > 1 << 20 || header[3] < 0 || header[3] >= header[2]) {
-        zf_fail("%s: implausible vocab size %d / eot id %d", path, header[2], header[3]);
+        fatal("%s: implausible vocab size %d / eot id %d", path, header[2], header[3]);
     }
     tok->vocab_size = header[2];
     tok->eot_token = header[3];
-    tok->token_table = (char**)calloc_check((size_t)tok->vocab_size, sizeof(char*));
+    tok->token_table = (char**)callocCheck((size_t)tok->vocab_size, sizeof(char*));
     for (int i = 0; i < tok->vocab_size; i++) {
         unsigned char length;
-        fread_check(&length, 1, 1, fp, path);
-        if (length == 0) { zf_fail("%s: token %d has length 0", path, i); }
-        tok->token_table[i] = (char*)malloc_check(length + 1);
-        fread_check(tok->token_table[i], 1, length, fp, path);
+        freadCheck(&length, 1, 1, fp, path);
+        if (length == 0) { fatal("%s: token %d has length 0", path, i); }
+        tok->token_table[i] = (char*)mallocCheck(length + 1);
+        freadCheck(tok->token_table[i], 1, length, fp, path);
         tok->token_table[i][length] = '\0';
     }
-    if (fgetc(fp) != EOF) { zf_fail("%s: trailing bytes after the last token", path); }
+    if (fgetc(fp) != EOF) { fatal("%s: trailing bytes after the last token", path); }
     fclose(fp);
     tok->init_ok = 1;
 }

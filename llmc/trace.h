@@ -5,10 +5,10 @@ behind the GPU's compute or the GPU waits for it.
 
   tracks:  compute (forward, backward, GPU-side AdamW) | device->host | host->device |
            CPU updater (window updates) | waits (the training loop blocked on the CPU) |
-           CPU accumulator (A += g every step, CPU transport)
+           CPU accumulator (A += g every step, CPU accumulation)
 
 Usage: trace_open(path, first_step, last_step) once; trace_set_step(t) at the top of every
-step; then trace_event(track, name, t0_ms, t1_ms) with times from zf_now_ms(). Events
+step; then trace_event(track, name, t0_ms, t1_ms) with times from now_ms(). Events
 outside the chosen steps are dropped. Safe to call from the CPU side's threads. The CUDA
 trainer times its GPU work with CUDA events instead (llmc/cuda_trace.cuh).
 */
@@ -43,8 +43,8 @@ static Trace g_trace;  // zero-initialised: tracing off
 static inline void trace_open(const char* path, int first_step, int last_step) {
     static const char* const names[] = {"", "compute", "device->host", "host->device",
                                         "CPU updater", "waits", "CPU accumulator"};
-    g_trace.fp = fopen_check(path, "w");
-    g_trace.origin_ms = zf_now_ms();
+    g_trace.fp = fopenCheck(path, "w");
+    g_trace.origin_ms = now_ms();
     g_trace.first_step = first_step;
     g_trace.last_step = last_step;
     fprintf(g_trace.fp, "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n");

@@ -1,7 +1,7 @@
 /*
 Small helpers shared by every program in the project (CPU trainer, CUDA trainer, tests).
 
-Every failure goes through zf_fail: one line on stderr saying what went wrong and where,
+Every failure goes through fatal: one line on stderr saying what went wrong and where,
 optionally followed by a hint, then exit(1). File helpers are macros so that the message
 can name the caller's file and line when the problem is ours rather than the user's.
 */
@@ -24,9 +24,9 @@ can name the caller's file and line when the problem is ours rather than the use
 // fatal errors: one line, non-zero exit
 
 // Fuzzers (dev/fuzz) point this at a jmp_buf to get control back instead of an exit.
-static jmp_buf* zf_fail_jump = NULL;
+static jmp_buf* fatal_jump = NULL;
 
-[[noreturn]] static inline void zf_fail(const char* fmt, ...) {
+[[noreturn]] static inline void fatal(const char* fmt, ...) {
     va_list args;
     va_start(args, fmt);
     fprintf(stderr, "error: ");
@@ -34,67 +34,67 @@ static jmp_buf* zf_fail_jump = NULL;
     fprintf(stderr, "\n");
     va_end(args);
     fflush(stdout);
-    if (zf_fail_jump != NULL) { longjmp(*zf_fail_jump, 1); }
+    if (fatal_jump != NULL) { longjmp(*fatal_jump, 1); }
     exit(EXIT_FAILURE);
 }
 
-static inline FILE* fopen_check_(const char* path, const char* mode, const char* file, int line) {
+static inline FILE* fopen_check(const char* path, const char* mode, const char* file, int line) {
     FILE* fp = fopen(path, mode);
     if (fp == NULL) {
-        zf_fail("%s: cannot open for %s: %s (hint: check the path; called from %s:%d)", path,
+        fatal("%s: cannot open for %s: %s (hint: check the path; called from %s:%d)", path,
                 mode[0] == 'r' ? "reading" : "writing", strerror(errno), file, line);
     }
     return fp;
 }
-#define fopen_check(path, mode) fopen_check_(path, mode, __FILE__, __LINE__)
+#define fopenCheck(path, mode) fopen_check(path, mode, __FILE__, __LINE__)
 
 // reads exactly count items or fails, naming what was being read
-static inline void fread_check_(void* ptr, size_t size, size_t count, FILE* fp, const char* what,
+static inline void fread_check(void* ptr, size_t size, size_t count, FILE* fp, const char* what,
                                 const char* file, int line) {
     size_t got = fread(ptr, size, count, fp);
     if (got != count) {
-        zf_fail("%s: file ends early: expected %zu items of %zu bytes, got %zu (hint: the file is "
+        fatal("%s: file ends early: expected %zu items of %zu bytes, got %zu (hint: the file is "
                 "truncated or not the format we expect; called from %s:%d)",
                 what, count, size, got, file, line);
     }
 }
-#define fread_check(ptr, size, count, fp, what) \
-    fread_check_(ptr, size, count, fp, what, __FILE__, __LINE__)
+#define freadCheck(ptr, size, count, fp, what) \
+    fread_check(ptr, size, count, fp, what, __FILE__, __LINE__)
 
-static inline void fwrite_check_(const void* ptr, size_t size, size_t count, FILE* fp,
+static inline void fwrite_check(const void* ptr, size_t size, size_t count, FILE* fp,
                                  const char* what, const char* file, int line) {
     if (fwrite(ptr, size, count, fp) != count) {
-        zf_fail("%s: write failed: %s (hint: is the disk full? called from %s:%d)", what,
+        fatal("%s: write failed: %s (hint: is the disk full? called from %s:%d)", what,
                 strerror(errno), file, line);
     }
 }
-#define fwrite_check(ptr, size, count, fp, what) \
-    fwrite_check_(ptr, size, count, fp, what, __FILE__, __LINE__)
+#define fwriteCheck(ptr, size, count, fp, what) \
+    fwrite_check(ptr, size, count, fp, what, __FILE__, __LINE__)
 
-static inline void* malloc_check_(size_t size, const char* file, int line) {
+static inline void* malloc_check(size_t size, const char* file, int line) {
     void* ptr = malloc(size);
     if (ptr == NULL && size > 0) {
-        zf_fail("out of host memory: malloc of %zu bytes (%.1f MiB) failed at %s:%d (hint: lower "
+        fatal("out of host memory: malloc of %zu bytes (%.1f MiB) failed at %s:%d (hint: lower "
                 "-b or -t, or use a smaller model)",
                 size, size / 1048576.0, file, line);
     }
     return ptr;
 }
-#define malloc_check(size) malloc_check_(size, __FILE__, __LINE__)
+#define mallocCheck(size) malloc_check(size, __FILE__, __LINE__)
 
-static inline void* calloc_check_(size_t count, size_t size, const char* file, int line) {
+static inline void* calloc_check(size_t count, size_t size, const char* file, int line) {
     void* ptr = calloc(count, size);
     if (ptr == NULL && count > 0 && size > 0) {
-        zf_fail("out of host memory: calloc of %zu x %zu bytes failed at %s:%d (hint: lower -b or "
+        fatal("out of host memory: calloc of %zu x %zu bytes failed at %s:%d (hint: lower -b or "
                 "-t, or use a smaller model)",
                 count, size, file, line);
     }
     return ptr;
 }
-#define calloc_check(count, size) calloc_check_(count, size, __FILE__, __LINE__)
+#define callocCheck(count, size) calloc_check(count, size, __FILE__, __LINE__)
 
 // size of a regular file in bytes, or -1 if it cannot be stat'ed
-static inline long long zf_file_size(const char* path) {
+static inline long long file_size_bytes(const char* path) {
     struct stat st;
     if (stat(path, &st) != 0) { return -1; }
     return (long long)st.st_size;
@@ -102,15 +102,15 @@ static inline long long zf_file_size(const char* path) {
 
 // ----------------------------------------------------------------------------
 // files written so that a crash never leaves a half-written file under the real name:
-// write to "<path>.tmp", fsync, rename. zf_atomic_open returns the tmp file to write.
+// write to "<path>.tmp", fsync, rename. atomic_write_open returns the tmp file to write.
 
-static inline FILE* zf_atomic_open(const char* path, char* tmp_path, size_t tmp_size) {
+static inline FILE* atomic_write_open(const char* path, char* tmp_path, size_t tmp_size) {
     int n = snprintf(tmp_path, tmp_size, "%s.tmp", path);
-    if (n < 0 || (size_t)n >= tmp_size) { zf_fail("%s: path too long", path); }
-    return fopen_check(tmp_path, "wb");
+    if (n < 0 || (size_t)n >= tmp_size) { fatal("%s: path too long", path); }
+    return fopenCheck(tmp_path, "wb");
 }
 
-static inline void zf_atomic_commit(FILE* fp, const char* tmp_path, const char* path) {
+static inline void atomic_write_commit(FILE* fp, const char* tmp_path, const char* path) {
     // debug switch for the kill test (scripts/test_resume.py): ZF_KILL_IN_WRITE=<n> kills this
     // process with SIGKILL in its n-th atomic write, before all the data has reached the file
     // (what a power cut or the OOM killer may do at that moment, made certain)
@@ -118,58 +118,58 @@ static inline void zf_atomic_commit(FILE* fp, const char* tmp_path, const char* 
     const char* kill_at = getenv("ZF_KILL_IN_WRITE");
     if (kill_at != NULL && atoi(kill_at) == ++writes) { raise(SIGKILL); }
     if (fflush(fp) != 0 || fsync(fileno(fp)) != 0) {
-        zf_fail("%s: flush failed: %s (hint: is the disk full?)", tmp_path, strerror(errno));
+        fatal("%s: flush failed: %s (hint: is the disk full?)", tmp_path, strerror(errno));
     }
-    if (fclose(fp) != 0) { zf_fail("%s: close failed: %s", tmp_path, strerror(errno)); }
+    if (fclose(fp) != 0) { fatal("%s: close failed: %s", tmp_path, strerror(errno)); }
     if (rename(tmp_path, path) != 0) {
-        zf_fail("%s: rename to %s failed: %s", tmp_path, path, strerror(errno));
+        fatal("%s: rename to %s failed: %s", tmp_path, path, strerror(errno));
     }
 }
 
 // ----------------------------------------------------------------------------
 // parsing command-line numbers strictly: "12x" or "" is an error, not 12 or 0
 
-static inline long zf_parse_int(const char* flag, const char* text, long lo, long hi) {
+static inline long parse_int(const char* flag, const char* text, long lo, long hi) {
     char* end = NULL;
     errno = 0;
     long value = strtol(text, &end, 10);
     if (errno != 0 || end == text || *end != '\0') {
-        zf_fail("flag %s: '%s' is not an integer", flag, text);
+        fatal("flag %s: '%s' is not an integer", flag, text);
     }
     if (value < lo || value > hi) {
-        zf_fail("flag %s: %ld is out of range [%ld, %ld]", flag, value, lo, hi);
+        fatal("flag %s: %ld is out of range [%ld, %ld]", flag, value, lo, hi);
     }
     return value;
 }
 
-static inline double zf_parse_double(const char* flag, const char* text, double lo, double hi) {
+static inline double parse_double(const char* flag, const char* text, double lo, double hi) {
     char* end = NULL;
     errno = 0;
     double value = strtod(text, &end);
     if (errno != 0 || end == text || *end != '\0' || value != value) {
-        zf_fail("flag %s: '%s' is not a number", flag, text);
+        fatal("flag %s: '%s' is not a number", flag, text);
     }
     if (value < lo || value > hi) {
-        zf_fail("flag %s: %g is out of range [%g, %g]", flag, value, lo, hi);
+        fatal("flag %s: %g is out of range [%g, %g]", flag, value, lo, hi);
     }
     return value;
 }
 
-static inline float zf_parse_float(const char* flag, const char* text, double lo, double hi) {
-    return (float)zf_parse_double(flag, text, lo, hi);
+static inline float parse_float(const char* flag, const char* text, double lo, double hi) {
+    return (float)parse_double(flag, text, lo, hi);
 }
 
 // ----------------------------------------------------------------------------
 // time and randomness
 
-static inline double zf_now_ms(void) {
+static inline double now_ms(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
 }
 
 // xorshift* generator for sampling and random init: tiny, seeded, the same everywhere
-static inline uint32_t zf_random_u32(uint64_t* state) {
+static inline uint32_t random_u32(uint64_t* state) {
     *state ^= *state >> 12;
     *state ^= *state << 25;
     *state ^= *state >> 27;
@@ -177,8 +177,8 @@ static inline uint32_t zf_random_u32(uint64_t* state) {
 }
 
 // uniform in [0, 1)
-static inline float zf_random_f32(uint64_t* state) {
-    return (zf_random_u32(state) >> 8) / 16777216.0f;
+static inline float random_f32(uint64_t* state) {
+    return (random_u32(state) >> 8) / 16777216.0f;
 }
 
 #endif  // LLMC_UTILS_H

@@ -20,7 +20,7 @@
 #               are counted by the same code, its times mean nothing)
 #
 # Modes: adamw (everything on the GPU), offload (every matrix on the CPU, synchronous),
-# zenflow-cpu (k = 0.1, U = 4, overlap; the paper's transport: every step's CPU-owned
+# zenflow-cpu (k = 0.1, U = 4, overlap; the paper's accumulation: every step's CPU-owned
 # gradients go down), zenflow-gpu (the same, accumulating in the gradient buffer: one copy
 # down and one up per window); offload-whole and zenflow-cpu-whole: the same with -zp 0, each
 # transfer in one piece after the backward pass instead of layer by layer (what per-layer

@@ -18,7 +18,7 @@
 #    `make gpu_refs`, and the 50 MB `vocab` case is made there with PyTorch while step 1
 #    runs); if there are none, tries scripts/make_test_refs.sh (needs a python with torch)
 # 3. runs test_gpt2cu on them (TF32 off, strict fp32 tolerances, determinism; ZenFlow in
-#    every mode and both transports against the reference, its exact invariants), and
+#    every mode and both accumulations against the reference, its exact invariants), and
 #    scripts/test_resume.py on train_gpt2cu (checkpoints, resume, SIGKILLs), and
 #    scripts/test_eval.py (its val loss and samples against PyTorch)
 # 4. runs every dev/cuda program (validation against the CPU references, then timings),
@@ -30,9 +30,9 @@
 #      and 16, T = 1024; needs build/llmc_ref, from scripts/get_llmc.sh, else SKIPPED);
 #    - the host's CPU side (no GPU needed, about 10 s): scripts/bench_cpu_adam.py, one ZenFlow
 #      window's CPU work on this host's cores, and so the shortest step at which the CPU
-#      keeps up, per model and transport (the table goes into the summary);
+#      keeps up, per model and accumulation (the table goes into the summary);
 #    - ZenFlow: scripts/bench_zenflow.sh --quick (d12 and d48, adamw / offload / zenflow
-#      with both transports); both tables are appended to the summary;
+#      with both accumulations); both tables are appended to the summary;
 #    - the d12 timelines of offload and zenflow (-tr, steps 4..7) for the teaching pictures;
 #    - if time remains, GPT-2 124M (d12, random init, -zo adamw), T=1024: B=4 and B=16 with
 #      TF32, B=4 in fp32, 12 steps each.

@@ -102,7 +102,7 @@ run_test cpu_adam_tsan ./test_cpu_adam_tsan
 run_test zenflow_tsan ./test_zenflow_tsan dev/test/ref/zf_a
 # the trainer under ThreadSanitizer, traced (-tr), its CPU threads slowed down at random so
 # that jobs are still running when training ends (ThreadSanitizer exits 66 on a report)
-run_test trainer_tsan env ZF_UPDATER_DELAY_US=100000 ./train_gpt2cpu_tsan -e dev/test/ref/tiny/model.bin \
+run_test trainer_tsan env ZF_WORKER_DELAY_US=100000 ./train_gpt2cpu_tsan -e dev/test/ref/tiny/model.bin \
     -i dev/test/ref/tiny/train.bin -j dev/test/ref/tiny/train.bin -b 4 -t 16 -x 6 -v 0 -s 0 -zo zenflow -zu 4 \
     -tr "$LOG_DIR/trainer_tsan_trace.json" -tf 1 -tn 10
 # the same bits from builds for 4-, 8- and (here) the native vector width

@@ -70,7 +70,7 @@ MASK64 = (1 << 64) - 1
 
 
 class Rng:
-    """llmc/utils.h's zf_random_u32 / zf_random_f32 (xorshift*), state seeded as the trainers do"""
+    """llmc/utils.h's random_u32 / random_f32 (xorshift*), state seeded as the trainers do"""
 
     def __init__(self, seed):
         self.state = seed & MASK64  # the seed itself, as llm.c seeds its sampler

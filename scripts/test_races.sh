@@ -11,7 +11,7 @@
 #
 # 1. test_gpt2cu on the tiny case: every kernel of the trainer, forward and backward, and
 #    the AdamW trajectory;
-# 2. train_gpt2cu, 8 steps on the tiny model in offload and zenflow (both transports, auto
+# 2. train_gpt2cu, 8 steps on the tiny model in offload and zenflow (both accumulations, auto
 #    U, windows of 2, reselection every 3 steps, overlap, transfers per layer and whole,
 #    warm-up, checkpoints inside windows): every copy, event and host wait of zenflow.cuh,
 #    with the CPU threads running.
@@ -21,7 +21,7 @@ set -u
 cd "$(dirname "$0")/.."
 # random delays around the CPU threads' jobs (0..3 ms): a job still running when the main thread
 # goes on shows its missing wait, where without them it would often have finished first
-export EMU_SCHEDULE=eager TSAN_OPTIONS="halt_on_error=1 ${TSAN_OPTIONS:-}" ZF_UPDATER_DELAY_US=3000
+export EMU_SCHEDULE=eager TSAN_OPTIONS="halt_on_error=1 ${TSAN_OPTIONS:-}" ZF_WORKER_DELAY_US=3000
 T=dev/test/ref/tiny
 runs=0 failed=0
 run() {  # run NAME COMMAND...

@@ -22,10 +22,10 @@ makes exactly that case again. Each case draws
                S 0..10, W 0..3 or the whole run, overlap on or off), checked by test_zenflow:
                the columns of every selection, auto U's windows and every loss against the
                reference of the spec.
-test_zenflow runs every zenflow case in both transports. With --cuda-test, the CUDA test
+test_zenflow runs every zenflow case in both accumulations. With --cuda-test, the CUDA test
 (test_gpt2cu, built for the CPU emulator or for a GPU) checks every case too. With --trainer
 (the CPU trainer, the CUDA trainer: any binary with the trainers' flags), the trainer itself
-trains every case (a plain one as -zo adamw) three times, with the transport (-za), the
+trains every case (a plain one as -zo adamw) three times, with the accumulation (-za), the
 transfers (-zp), a val loss and samples every few steps and the checkpoint interval drawn
 too: its logged losses must be the reference's (2e-5); without the val losses, samples and
 checkpoints and on another number of threads, it must log the same losses and end in the
@@ -192,7 +192,7 @@ def run_program(name, argv, dirs, log_dir, skipped):
 
 def check_trainer(trainer, d, c, seed, i):
     """Runs a trainer binary on case folder d three ways; returns (flags, problems).
-    A: the case's run with flags drawn here (transport, transfers per layer or whole, a val
+    A: the case's run with flags drawn here (accumulation, transfers per layer or whole, a val
        loss and samples every few steps, checkpoints); its losses against the reference's.
     C: the same run without evaluation, samples or checkpoints (but the last step's, to have
        its model file), and on another number of CPU threads (OMP_NUM_THREADS 1 or 3): the

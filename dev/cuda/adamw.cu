@@ -36,8 +36,8 @@ static void adamw_cpu(float* p, float* m, float* v, const float* g, size_t n, fl
 static void validate(size_t n, float lr, float wd, int steps, uint64_t* rng) {
     printf("N=%zu lr=%g wd=%g, steps 1..%d\n", n, lr, wd, steps);
     float* p = random_floats(n, -1.0f, 1.0f, rng);
-    float* m = (float*)calloc_check(n, sizeof(float));
-    float* v = (float*)calloc_check(n, sizeof(float));
+    float* m = (float*)callocCheck(n, sizeof(float));
+    float* v = (float*)callocCheck(n, sizeof(float));
     float* g = random_floats(n, -1e-2f, 1e-2f, rng);
     for (size_t i = 0; i < n; i += 97) { g[i] = 0.0f; }   // zero gradients: sign of a zero update
     for (size_t i = 5; i < n; i += 101) { g[i] = 1e-30f; }  // tiny: (1-b2) g g underflows to 0

@@ -127,12 +127,12 @@ static void validate(int B, int T, int C, int NH, uint64_t* rng) {
     size_t BTC = (size_t)B * T * C, att = (size_t)B * NH * T * T;
     float* qkv = random_floats(3 * BTC, -1.0f, 1.0f, rng);
     float* datty = random_floats(BTC, -1.0f, 1.0f, rng);
-    float* out = (float*)malloc_check(BTC * sizeof(float));
-    float* preatt = (float*)malloc_check(att * sizeof(float));
-    float* h_att = (float*)malloc_check(att * sizeof(float));
-    float* dqkv = (float*)calloc_check(3 * BTC, sizeof(float));
-    float* dpreatt = (float*)calloc_check(att, sizeof(float));
-    float* datt = (float*)calloc_check(att, sizeof(float));
+    float* out = (float*)mallocCheck(BTC * sizeof(float));
+    float* preatt = (float*)mallocCheck(att * sizeof(float));
+    float* h_att = (float*)mallocCheck(att * sizeof(float));
+    float* dqkv = (float*)callocCheck(3 * BTC, sizeof(float));
+    float* dpreatt = (float*)callocCheck(att, sizeof(float));
+    float* datt = (float*)callocCheck(att, sizeof(float));
     attention_forward_cpu(out, preatt, h_att, qkv, B, T, C, NH);
     attention_backward_cpu(dqkv, dpreatt, datt, datty, qkv, h_att, B, T, C, NH);
 
@@ -181,7 +181,7 @@ static void benchmark(int B, int T, int C, int NH, uint64_t* rng) {
     // the whole forward and backward; flops of the four (batched) matmuls, full T x T
     double flops = 2.0 * 2.0 * B * NH * (double)T * T * (C / NH);
     for (int tf32 = 1; tf32 >= 0; tf32--) {
-        zf_cublas_set_tf32(tf32);
+        cublas_set_tf32(tf32);
         us = benchmark_us(10, [&] { attention_forward(a.atty, a.qkvr, a.att, a.preatt, a.vaccum, a.qkv, B, T, C, NH); });
         report_flops(tf32 ? "attention_forward (TF32)" : "attention_forward (fp32)", us, flops);
         us = benchmark_us(10, [&] {
@@ -189,14 +189,14 @@ static void benchmark(int B, int T, int C, int NH, uint64_t* rng) {
         });
         report_flops(tf32 ? "attention_backward (TF32)" : "attention_backward (fp32)", us, 2.0 * flops);
     }
-    zf_cublas_set_tf32(0);
+    cublas_set_tf32(0);
     free(qkv);
     free_buffers(&a);
 }
 
 int main(void) {
     setup_device("attention");
-    zf_cublas_init(0);  // validation in plain fp32
+    cublas_init(0);  // validation in plain fp32
     uint64_t rng = 1337;
     validate(1, 1, 4, 1, &rng);
     validate(1, 8, 16, 2, &rng);
@@ -205,6 +205,6 @@ int main(void) {
     validate(2, 256, 768, 12, &rng); // GPT-2 124M's heads (hs = 64)
     benchmark(4, 1024, 768, 12, &rng);
     benchmark(16, 1024, 768, 12, &rng);
-    zf_cublas_free();
+    cublas_free();
     return finish("attention");
 }

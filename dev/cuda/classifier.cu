@@ -57,9 +57,9 @@ static void validate(int N, int V, uint64_t* rng) {
         for (int i = V; i < Vp; i++) { logits[(size_t)r * Vp + i] = 100.0f; }  // they must not count
     }
     int* targets = random_ints(N, V, rng);
-    float* probs = (float*)malloc_check(n * sizeof(float));
-    float* losses = (float*)malloc_check(N * sizeof(float));
-    float* dlogits = (float*)malloc_check(n * sizeof(float));
+    float* probs = (float*)mallocCheck(n * sizeof(float));
+    float* losses = (float*)mallocCheck(N * sizeof(float));
+    float* dlogits = (float*)mallocCheck(n * sizeof(float));
     softmax_crossentropy_forward_cpu(probs, losses, logits, targets, N, V, Vp);
     softmax_crossentropy_backward_cpu(dlogits, probs, targets, N, V, Vp);
     float* d_logits = to_device(logits, n);

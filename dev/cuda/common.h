@@ -29,11 +29,11 @@ static int g_checks = 0, g_failures = 0;
 // exits 0 with a SKIPPED line if there is no device; else selects device 0 and prints it
 static void setup_device(const char* prog) {
     char reason[256];
-    if (!zf_cuda_device_available(reason, sizeof(reason))) {
+    if (!cuda_device_available(reason, sizeof(reason))) {
         printf("%s: SKIPPED (no CUDA device: %s)\n", prog, reason);
         exit(0);
     }
-    cudaDeviceProp prop = zf_cuda_init_device();
+    cudaDeviceProp prop = cuda_init_device();
     printf("%s on %s (compute capability %d.%d, %d SMs)\n", prog, prop.name, prop.major, prop.minor,
            prop.multiProcessorCount);
 }
@@ -48,14 +48,14 @@ static int finish(const char* prog) {
 // data
 
 static float* random_floats(size_t n, float lo, float hi, uint64_t* rng) {
-    float* x = (float*)malloc_check(n * sizeof(float));
-    for (size_t i = 0; i < n; i++) { x[i] = lo + (hi - lo) * zf_random_f32(rng); }
+    float* x = (float*)mallocCheck(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) { x[i] = lo + (hi - lo) * random_f32(rng); }
     return x;
 }
 
 static int* random_ints(size_t n, int below, uint64_t* rng) {
-    int* x = (int*)malloc_check(n * sizeof(int));
-    for (size_t i = 0; i < n; i++) { x[i] = (int)(zf_random_u32(rng) % (uint32_t)below); }
+    int* x = (int*)mallocCheck(n * sizeof(int));
+    for (size_t i = 0; i < n; i++) { x[i] = (int)(random_u32(rng) % (uint32_t)below); }
     return x;
 }
 
@@ -76,7 +76,7 @@ static int* to_device_ints(const int* host, size_t n) {
 
 static int validate_result(const float* device_result, const float* ref, size_t n, const char* name,
                            double tolerance) {
-    float* got = (float*)malloc_check(n * sizeof(float));
+    float* got = (float*)mallocCheck(n * sizeof(float));
     cudaCheck(cudaMemcpy(got, device_result, n * sizeof(float), cudaMemcpyDeviceToHost));
     double max_err = 0.0, max_ref = 0.0;
     size_t worst = 0;

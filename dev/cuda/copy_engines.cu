@@ -1,7 +1,7 @@
 /*
 Copy engines and a step's small transfers: why the trainer moves its token ids (in), its
 losses (out) and auto U's sums (out) through mapped host memory instead of cudaMemcpy
-(zf_mapped_alloc in llmc/cuda_kernels.cuh).
+(mapped_alloc in llmc/cuda_kernels.cuh).
 
 Copies between host and device run on the GPU's copy engines, and by default the driver
 gives each direction one engine, so copies of one direction run one after another whatever
@@ -43,10 +43,10 @@ static void validate(size_t n, uint64_t* rng) {
     printf("N=%zu ints\n", n);
     int* expect = random_ints(n, 50257, rng);
     int *up_mapped = NULL, *down_mapped = NULL;
-    int* up_host = (int*)zf_mapped_alloc(n * sizeof(int), &up_mapped, "the upload test");
-    int* down_host = (int*)zf_mapped_alloc(n * sizeof(int), &down_mapped, "the download test");
+    int* up_host = (int*)mapped_alloc(n * sizeof(int), &up_mapped, "the upload test");
+    int* down_host = (int*)mapped_alloc(n * sizeof(int), &down_mapped, "the download test");
     int* dev = (int*)cuda_malloc(n * sizeof(int), "test data");
-    int* got = (int*)malloc_check(n * sizeof(int));
+    int* got = (int*)mallocCheck(n * sizeof(int));
 
     memcpy(up_host, expect, n * sizeof(int));
     copy_ints(dev, up_mapped, n);  // host -> device, by a kernel
@@ -60,8 +60,8 @@ static void validate(size_t n, uint64_t* rng) {
 
     free(expect);
     free(got);
-    zf_free_host(up_host);
-    zf_free_host(down_host);
+    mapped_free(up_host);
+    mapped_free(down_host);
     cudaCheck(cudaFree(dev));
     cudaCheck(cudaFree(dev_src));
 }
@@ -120,18 +120,18 @@ static double time_small(const Buffers* b, SmallOp op, int to_host, Bulk bulk, d
     double small[repeats], whole[repeats];
     small_op(b, op, to_host);  // warm-up: first-use costs are not timed
     for (int r = 0; r < repeats; r++) {
-        double t0 = zf_now_ms();
+        double t0 = now_ms();
         if (bulk & BULK_D2H) {
             cudaCheck(cudaMemcpyAsync(b->bulk_host, b->bulk_dev, BULK_BYTES, cudaMemcpyDeviceToHost, b->side_d2h));
         }
         if (bulk & BULK_H2D) {
             cudaCheck(cudaMemcpyAsync(b->bulk_dev, b->bulk_host, BULK_BYTES, cudaMemcpyHostToDevice, b->side_h2d));
         }
-        double t1 = zf_now_ms();
+        double t1 = now_ms();
         small_op(b, op, to_host);
-        small[r] = zf_now_ms() - t1;
+        small[r] = now_ms() - t1;
         cudaCheck(cudaDeviceSynchronize());
-        whole[r] = zf_now_ms() - t0;
+        whole[r] = now_ms() - t0;
     }
     std::sort(small, small + repeats);
     std::sort(whole, whole + repeats);
@@ -156,9 +156,9 @@ static int benchmark(Findings* f) {
     cudaCheck(cudaStreamCreateWithFlags(&b.side_h2d, cudaStreamNonBlocking));
     b.small_dev = (int*)cuda_malloc(bytes, "the small transfer");
     cudaCheck(cudaMemset(b.small_dev, 0, bytes));
-    b.small_pageable = (int*)calloc_check(SMALL_INTS, sizeof(int));
+    b.small_pageable = (int*)callocCheck(SMALL_INTS, sizeof(int));
     cudaCheck(cudaHostAlloc((void**)&b.small_pinned, bytes, cudaHostAllocDefault));
-    b.small_host = (int*)zf_mapped_alloc(bytes, &b.small_mapped, "the small transfer");
+    b.small_host = (int*)mapped_alloc(bytes, &b.small_mapped, "the small transfer");
     memset(b.small_host, 0, bytes);
 
     printf("benchmark: a %zu KiB transfer on the default stream, issue to completion (median of 5),\n"
@@ -199,7 +199,7 @@ static int benchmark(Findings* f) {
     cudaCheck(cudaFree(b.small_dev));
     free(b.small_pageable);
     cudaCheck(cudaFreeHost(b.small_pinned));
-    zf_free_host(b.small_host);
+    mapped_free(b.small_host);
     return 1;
 }
 

@@ -62,8 +62,8 @@ static EncoderBuffers make_buffers(int B, int T, int C, int V, int maxT, uint64_
     if (skewed) {
         for (size_t i = 0; i < BT; i++) { (*h_inp)[i] = (*h_inp)[i] % 8; }
     }
-    int* buckets = (int*)malloc_check((3 * BT + 1) * sizeof(int));
-    int* counts = (int*)calloc_check((size_t)V, sizeof(int));
+    int* buckets = (int*)mallocCheck((3 * BT + 1) * sizeof(int));
+    int* counts = (int*)callocCheck((size_t)V, sizeof(int));
     e.num_buckets = encoder_backward_buckets(*h_inp, (int)BT, V, buckets, buckets + BT, buckets + 2 * BT, counts);
     e.out = cuda_malloc(BT * C * sizeof(float), "out");
     e.wte = to_device(*h_wte, (size_t)V * C);
@@ -96,7 +96,7 @@ static void validate(int B, int T, int C, int V, int skewed, uint64_t* rng) {
     float *wte, *wpe, *dout;
     int* inp;
     EncoderBuffers e = make_buffers(B, T, C, V, maxT, rng, &wte, &wpe, &dout, &inp, skewed);
-    float* out = (float*)malloc_check(BT * C * sizeof(float));
+    float* out = (float*)mallocCheck(BT * C * sizeof(float));
     encoder_forward_cpu(out, inp, wte, wpe, B, T, C);
     encoder_forward(e.out, e.inp, e.wte, e.wpe, B, T, C);
     validate_result(e.out, out, BT * C, "encoder_forward", 0.0);

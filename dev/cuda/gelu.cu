@@ -40,8 +40,8 @@ static void validate(size_t n, uint64_t* rng) {
     printf("N=%zu\n", n);
     float* inp = random_floats(n, -6.0f, 6.0f, rng);
     float* dout = random_floats(n, -1.0f, 1.0f, rng);
-    float* out = (float*)malloc_check(n * sizeof(float));
-    float* dinp = (float*)calloc_check(n, sizeof(float));  // the CPU adds into zeros
+    float* out = (float*)mallocCheck(n * sizeof(float));
+    float* dinp = (float*)callocCheck(n, sizeof(float));  // the CPU adds into zeros
     float *d_inp = to_device(inp, n), *d_d = to_device(dout, n);
     float* d_out = cuda_malloc(n * sizeof(float), "out");
     gelu_forward_cpu(out, inp, n);

@@ -75,9 +75,9 @@ static void validate(int N, int C, uint64_t* rng) {
     float* dinp = random_floats(NC, -1.0f, 1.0f, rng);  // gradients start non-zero: the kernels add
     float* dweight = random_floats(C, -1.0f, 1.0f, rng);
     float* dbias = random_floats(C, -1.0f, 1.0f, rng);
-    float* out = (float*)malloc_check(NC * sizeof(float));
-    float* mean = (float*)malloc_check(N * sizeof(float));
-    float* rstd = (float*)malloc_check(N * sizeof(float));
+    float* out = (float*)mallocCheck(NC * sizeof(float));
+    float* mean = (float*)mallocCheck(N * sizeof(float));
+    float* rstd = (float*)mallocCheck(N * sizeof(float));
 
     float *d_inp = to_device(inp, NC), *d_weight = to_device(weight, C), *d_bias = to_device(bias, C);
     float *d_dout = to_device(dout, NC), *d_dinp = to_device(dinp, NC);
@@ -103,7 +103,7 @@ static void validate(int N, int C, uint64_t* rng) {
     validate_result(d_dbias, dbias, C, "layernorm_backward dbias", 1e-4);
 
     // determinism: the same call twice gives the same bits
-    float* first = (float*)malloc_check(C * sizeof(float));
+    float* first = (float*)mallocCheck(C * sizeof(float));
     cudaCheck(cudaMemset(d_dweight, 0, C * sizeof(float)));
     cudaCheck(cudaMemset(d_dbias, 0, C * sizeof(float)));
     layernorm_backward(d_dinp, d_dweight, d_dbias, d_scratch, d_dout, d_inp, d_weight, d_mean, d_rstd, N, C);

@@ -96,8 +96,8 @@ static void validate(int BT, int C, int OC, int offset, uint64_t* rng) {
     float* dout = random_floats(n_out, -1.0f, 1.0f, rng);
     float* dweight = random_floats(n_w, -1.0f, 1.0f, rng);  // gradients start non-zero: they are added to
     float* dbias = random_floats(OC, -1.0f, 1.0f, rng);
-    float* out = (float*)malloc_check(n_out * sizeof(float));
-    float* dinp = (float*)malloc_check(n_inp * sizeof(float));
+    float* out = (float*)mallocCheck(n_out * sizeof(float));
+    float* dinp = (float*)mallocCheck(n_inp * sizeof(float));
     float *b_inp, *b_w, *b_bias, *b_dout, *b_dw, *b_db, *b_out, *b_dinp;  // the allocations
     float* d_inp = to_device_at(inp, n_inp, offset, &b_inp);
     float* d_w = to_device_at(weight, n_w, offset, &b_w);
@@ -110,15 +110,15 @@ static void validate(int BT, int C, int OC, int offset, uint64_t* rng) {
     float* scratch = cuda_malloc((size_t)COLSUM_MAX_CHUNKS * OC * sizeof(float), "scratch");
 
     matmul_forward_cpu(out, inp, weight, bias, BT, C, OC);
-    zf_cublas_set_tf32(0);
+    cublas_set_tf32(0);
     matmul_forward(d_out, d_inp, d_w, d_bias, BT, C, OC);
     validate_result(d_out, out, n_out, "matmul_forward (fp32)", fp32_tolerance(C));
     matmul_forward_naive(d_out, d_inp, d_w, d_bias, BT, C, OC);
     validate_result(d_out, out, n_out, "matmul_forward_naive", fp32_tolerance(C));
-    zf_cublas_set_tf32(1);
+    cublas_set_tf32(1);
     matmul_forward(d_out, d_inp, d_w, d_bias, BT, C, OC);
     validate_result(d_out, out, n_out, "matmul_forward (TF32)", 5e-3);
-    zf_cublas_set_tf32(0);
+    cublas_set_tf32(0);
 
     matmul_backward_cpu(dinp, dweight, dbias, dout, inp, weight, BT, C, OC);
     matmul_backward(d_dinp, d_dw, d_db, scratch, d_dout, d_inp, d_w, BT, C, OC);
@@ -145,7 +145,7 @@ static void benchmark(const char* name, int BT, int C, int OC, int naive, uint64
     double flops = 2.0 * BT * C * OC;
     char label[96];
     for (int tf32 = 1; tf32 >= 0; tf32--) {
-        zf_cublas_set_tf32(tf32);
+        cublas_set_tf32(tf32);
         float us = benchmark_us(10, [&] { matmul_forward(out, inp, w, bias, BT, C, OC); });
         snprintf(label, sizeof(label), "forward + bias (%s)", tf32 ? "TF32" : "fp32");
         report_flops(label, us, flops);
@@ -160,13 +160,13 @@ static void benchmark(const char* name, int BT, int C, int OC, int naive, uint64
         report_flops("forward, naive kernel", us, flops);
     }
     // determinism: the same product twice gives the same bits
-    zf_cublas_set_tf32(1);
+    cublas_set_tf32(1);
     matmul_forward(out, inp, w, bias, BT, C, OC);
-    float* first = (float*)malloc_check(n_out * sizeof(float));
+    float* first = (float*)mallocCheck(n_out * sizeof(float));
     cudaCheck(cudaMemcpy(first, out, n_out * sizeof(float), cudaMemcpyDeviceToHost));
     matmul_forward(out, inp, w, bias, BT, C, OC);
     validate_result(out, first, n_out, "forward repeatable (TF32)", 0.0);
-    zf_cublas_set_tf32(0);
+    cublas_set_tf32(0);
     free(first);
     free(h);
     float* all[] = {inp, w, bias, dout, dw, db, out, dinp, scratch};
@@ -175,7 +175,7 @@ static void benchmark(const char* name, int BT, int C, int OC, int naive, uint64
 
 int main(void) {
     setup_device("matmul");
-    zf_cublas_init(0);
+    cublas_init(0);
     uint64_t rng = 1337;
     validate(1, 1, 1, 0, &rng);
     validate(8, 16, 24, 0, &rng);
@@ -191,6 +191,6 @@ int main(void) {
     benchmark("fc", BT, C, 4 * C, 1, &rng);
     benchmark("fcproj", BT, 4 * C, C, 0, &rng);
     benchmark("classifier", BT, C, 50304, 0, &rng);
-    zf_cublas_free();
+    cublas_free();
     return finish("matmul");
 }

@@ -16,7 +16,7 @@ static void validate(size_t n, uint64_t* rng) {
     printf("N=%zu\n", n);
     float* a = random_floats(n, -1.0f, 1.0f, rng);
     float* b = random_floats(n, -1.0f, 1.0f, rng);
-    float* out = (float*)malloc_check(n * sizeof(float));
+    float* out = (float*)mallocCheck(n * sizeof(float));
     float *d_a = to_device(a, n), *d_b = to_device(b, n);
     float* d_out = cuda_malloc(n * sizeof(float), "out");
     residual_forward_cpu(out, a, b, n);

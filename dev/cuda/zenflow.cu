@@ -34,7 +34,7 @@ static void random_ownership(ZenFlow* zf, uint64_t* rng) {
         int* order = mat->cols_by_owner;
         for (int j = 0; j < mat->cols; j++) { order[j] = j; }
         for (int j = mat->cols - 1; j > 0; j--) {
-            int r = (int)(zf_random_u32(rng) % (uint32_t)(j + 1));
+            int r = (int)(random_u32(rng) % (uint32_t)(j + 1));
             int tmp = order[j];
             order[j] = order[r];
             order[r] = tmp;
@@ -103,7 +103,7 @@ static int bitwise(const float* a, const float* b, size_t n, const char* what) {
 
 static void validate(const char* spec, double k, uint64_t* rng) {
     GPT2Config c;
-    if (!gpt2_parse_model_spec(spec, &c)) { zf_fail("bad spec %s", spec); }
+    if (!gpt2_parse_model_spec(spec, &c)) { fatal("bad spec %s", spec); }
     size_t N = gpt2_num_params(&c);
     printf("model %s (%zu parameters), k = %g, random ownership\n", spec, N, k);
     float* h_params = random_floats(N, -1.0f, 1.0f, rng);
@@ -272,7 +272,7 @@ static void validate(const char* spec, double k, uint64_t* rng) {
 static void benchmark(const char* spec, double k, uint64_t* rng) {
     if (!benchmarks_wanted()) { return; }
     GPT2Config c;
-    if (!gpt2_parse_model_spec(spec, &c)) { zf_fail("bad spec %s", spec); }
+    if (!gpt2_parse_model_spec(spec, &c)) { fatal("bad spec %s", spec); }
     size_t N = gpt2_num_params(&c);
     float* h = random_floats(N, -1.0f, 1.0f, rng);
     float* d_params = to_device(h, N);
@@ -317,7 +317,7 @@ static void benchmark(const char* spec, double k, uint64_t* rng) {
             double best = 1e30;
             for (int i = 0; i < 5; i++) {
                 cudaCheck(cudaDeviceSynchronize());
-                double t0 = zf_now_ms();
+                double t0 = now_ms();
                 for (int part = 0; part < (way < 2 ? 1 : zf.num_groups); part++) {
                     int gr = way < 2 ? -1 : way == 2 ? zf.num_groups - 1 - part : part;
                     if (way % 2 == 0) {
@@ -328,7 +328,7 @@ static void benchmark(const char* spec, double k, uint64_t* rng) {
                 }
                 be->host_wait(be->ctx, zf.master);
                 cudaCheck(cudaDeviceSynchronize());
-                best = std::min(best, zf_now_ms() - t0);
+                best = std::min(best, now_ms() - t0);
             }
             double gbs = ce * 4 / (best * 1e-3) / 1e9;
             printf("  %-34s %9.1f us  %8.1f GB/s  (%.0f MB, incl. gather/scatter)\n", names[way], best * 1e3, gbs,
@@ -345,7 +345,7 @@ static void benchmark(const char* spec, double k, uint64_t* rng) {
 
 int main(void) {
     setup_device("zenflow");
-    zf_cublas_init(0);
+    cublas_init(0);
     uint64_t rng = 1337;
     validate("d2c48h4v97t32", 0.1, &rng);
     validate("d1c40h5v50t20", 0.37, &rng);
@@ -353,6 +353,6 @@ int main(void) {
     validate("d2c64h4v301t70", 0.0, &rng);
     benchmark("d12", 0.1, &rng);
     benchmark("d12", 1.0, &rng);
-    zf_cublas_free();
+    cublas_free();
     return finish("zenflow");
 }

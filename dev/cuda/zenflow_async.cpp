@@ -1,6 +1,6 @@
 /*
 zenflow.h's side of issue 5, checked on the CPU (no GPU needed): the asynchronous copies of
-the CUDA backend and the GPU-accumulation transport (-za gpu), run by the CPU trainer.
+the CUDA backend and the GPU accumulation (-za gpu), run by the CPU trainer.
 
 The CUDA backend's copies between host and device are still in flight when a primitive
 returns; zenflow.h must call host_wait on a host buffer before the CPU reads what a copy
@@ -24,7 +24,7 @@ early differ, and differ from the plain CPU backend. Checks:
      delays change nothing;
   4. for information: the largest loss difference between -za cpu and -za gpu (spec 7: the
      backward's += rounds A differently from A += g);
-  5. stall-freedom inside a window (both transports, fixed U and auto U): a window update held
+  5. stall-freedom inside a window (both accumulations, fixed U and auto U): a window update held
      back until the next boundary never makes the training loop wait before it (with -za cpu
      the per-step accumulations run on their own thread, never queued behind the update),
      and the run stays bitwise the same.
@@ -257,7 +257,7 @@ static Run run(const char* dir, const ZfCase* c, ZfConfig z, int kind, const cha
     } else {
         lazy_init(&zf, dev, &model, z, kind == LATE);
     }
-    if (sel_path != NULL) { zf.selection_log = fopen_check(sel_path, "w"); }
+    if (sel_path != NULL) { zf.selection_log = fopenCheck(sel_path, "w"); }
     zf.pipeline = pipeline;
     model.zf = pipeline ? &zf : NULL;
     ZfAdamHyper hyper = {c->s.lr, 0.9f, 0.95f, 1e-8f, c->s.wd};
@@ -329,7 +329,7 @@ static void test_case(const char* dir) {
     }
     if (c.z.mode != ZF_MODE_ZENFLOW) { return; }  // adamw and offload ignore -za
     ZfConfig z = c.z;
-    z.transport = ZF_ACC_GPU;
+    z.accumulate = ZF_ACCUMULATE_GPU;
     char sel_path[] = "/tmp/zf_async_selections_XXXXXX";
     make_temp_file(sel_path);
     Run late = run(dir, &c, z, LATE, sel_path);
@@ -349,16 +349,16 @@ static void test_case(const char* dir) {
     check(ok, "-za gpu: selections differ from the reference");
     snprintf(path, sizeof(path), "%s/losses.txt", dir);
     std::vector<double> ref = read_loss_file<double>(path);
-    double worst = 0.0, transports = 0.0;
+    double worst = 0.0, accumulations = 0.0;
     int t = 0;
     for (double loss : ref) {
         if (t < (int)late.losses.size() && t <= tie_step) { worst = std::max(worst, fabs(late.losses[t] - loss)); }
-        if (t < (int)late.losses.size()) { transports = std::max(transports, fabs((double)late.losses[t] - plain.losses[t])); }
+        if (t < (int)late.losses.size()) { accumulations = std::max(accumulations, fabs((double)late.losses[t] - plain.losses[t])); }
         t++;
     }
     printf("  %-66s %.3e  %s\n", "-za gpu, max |loss - reference|", worst, worst <= 2e-5 ? "ok" : "FAIL");
     check(worst <= 2e-5 && t == (int)late.losses.size(), "-za gpu: losses differ from the reference");
-    printf("  %-66s %.3e  (info: spec 7)\n", "-za gpu vs -za cpu, max |loss difference|", transports);
+    printf("  %-66s %.3e  (info: spec 7)\n", "-za gpu vs -za cpu, max |loss difference|", accumulations);
 }
 
 static void test_invariants(const char* dir) {
@@ -375,14 +375,14 @@ static void test_invariants(const char* dir) {
             z.select_interval = m.S;
             z.warmup = m.W;
             z.overlap = m.overlap;
-            z.transport = tr;
+            z.accumulate = tr;
             char what[256];
             Run late = run(dir, &c, z, LATE, NULL);
             snprintf(what, sizeof(what), "k=%.1f U=%d S=%d W=%d overlap %s -za %s: late == early", m.k, m.U, m.S,
-                     m.W, m.overlap ? "on" : "off", zf_transport_names[tr]);
+                     m.W, m.overlap ? "on" : "off", zf_accumulate_names[tr]);
             report_same(same_run(late, run(dir, &c, z, EARLY, NULL)), what, REPORT_WIDTH);
             snprintf(what, sizeof(what), "k=%.1f U=%d S=%d W=%d overlap %s -za %s: late, per layer == whole", m.k,
-                     m.U, m.S, m.W, m.overlap ? "on" : "off", zf_transport_names[tr]);
+                     m.U, m.S, m.W, m.overlap ? "on" : "off", zf_accumulate_names[tr]);
             Run piped = run(dir, &c, z, LATE, NULL, 0, 1);
             report_same(same_run(late, piped), what, REPORT_WIDTH);
             // and the layers did move one by one: gradients on every step that keeps its
@@ -392,7 +392,7 @@ static void test_invariants(const char* dir) {
             printf("  %-66s %ld out, %ld in  %s\n", "... transfer groups moved layer by layer", piped.groups_out,
                    piped.groups_in, ok ? "ok" : "FAIL");
             check(ok, "per-layer transfers did not happen where they should");
-            if (tr == ZF_ACC_CPU) {
+            if (tr == ZF_ACCUMULATE_CPU) {
                 snprintf(what, sizeof(what), "k=%.1f U=%d S=%d W=%d overlap %s -za cpu: late == CPU backend", m.k,
                          m.U, m.S, m.W, m.overlap ? "on" : "off");
                 report_same(same_run(late, run(dir, &c, z, PLAIN, NULL)), what, REPORT_WIDTH);
@@ -411,7 +411,7 @@ static void test_invariants(const char* dir) {
         z.update_interval = 1;
         z.overlap = 0;
         z.select_interval = 2;
-        z.transport = ZF_ACC_GPU;
+        z.accumulate = ZF_ACCUMULATE_GPU;
         snprintf(what, sizeof(what), "zenflow k=%.2f U=1 S=2 overlap off -za gpu == adamw", k);
         report_same(same_run(run(dir, &c, z, LATE, NULL), ref), what, REPORT_WIDTH);
     }
@@ -419,27 +419,27 @@ static void test_invariants(const char* dir) {
         ZfConfig z = zf_default_config();
         z.update_interval = 3;
         z.select_interval = 6;
-        z.transport = tr;
+        z.accumulate = tr;
         Run first = run(dir, &c, z, LATE, NULL);
-        setenv("ZF_UPDATER_DELAY_US", "2000", 1);
+        setenv("ZF_WORKER_DELAY_US", "2000", 1);
         Run delayed = run(dir, &c, z, LATE, NULL);
-        unsetenv("ZF_UPDATER_DELAY_US");
-        snprintf(what, sizeof(what), "zenflow U=3 S=6 overlap -za %s, with random updater delays", zf_transport_names[tr]);
+        unsetenv("ZF_WORKER_DELAY_US");
+        snprintf(what, sizeof(what), "zenflow U=3 S=6 overlap -za %s, with random updater delays", zf_accumulate_names[tr]);
         report_same(same_run(first, delayed), what, REPORT_WIDTH);
         for (int save_at : {5, 7}) {
             snprintf(what, sizeof(what), "zenflow U=3 S=6 overlap -za %s, checkpoint after step %d, resumed",
-                     zf_transport_names[tr], save_at);
+                     zf_accumulate_names[tr], save_at);
             report_same(same_run(first, run(dir, &c, z, LATE, NULL, save_at)), what, REPORT_WIDTH);
         }
-        setenv("ZF_UPDATER_DELAY_US", "2000", 1);
+        setenv("ZF_WORKER_DELAY_US", "2000", 1);
         snprintf(what, sizeof(what), "... per-layer transfers, random updater delays");
         report_same(same_run(first, run(dir, &c, z, LATE, NULL, 0, 1)), what, REPORT_WIDTH);
-        unsetenv("ZF_UPDATER_DELAY_US");
+        unsetenv("ZF_WORKER_DELAY_US");
         z.overlap = 0;
         z.warmup = 2;
         Run sync = run(dir, &c, z, LATE, NULL);
         snprintf(what, sizeof(what), "zenflow U=3 W=2 overlap off -za %s, checkpoint after step 4, resumed",
-                 zf_transport_names[tr]);
+                 zf_accumulate_names[tr]);
         report_same(same_run(sync, run(dir, &c, z, LATE, NULL, 4)), what, REPORT_WIDTH);
         snprintf(what, sizeof(what), "... per-layer transfers, checkpoint after step 4 (mid-apply), resumed");
         report_same(same_run(sync, run(dir, &c, z, LATE, NULL, 4, 1)), what, REPORT_WIDTH);
@@ -448,7 +448,7 @@ static void test_invariants(const char* dir) {
         z = zf_default_config();
         z.update_interval = ZF_AUTO;
         z.select_interval = 6;
-        z.transport = tr;
+        z.accumulate = tr;
         char win_path[] = "/tmp/zf_async_windows_XXXXXX";
         make_temp_file(win_path);
         Run autou = run(dir, &c, z, LATE, win_path, 0, 1);
@@ -462,7 +462,7 @@ static void test_invariants(const char* dir) {
         int start = longest.first - longest.second + 1;
         for (int save_at : {windows.empty() ? 1 : windows[0].first, start + 1, start + 2}) {
             snprintf(what, sizeof(what), "zenflow U=auto S=6 overlap -za %s, checkpoint after step %d, resumed",
-                     zf_transport_names[tr], save_at);
+                     zf_accumulate_names[tr], save_at);
             report_same(same_run(autou, run(dir, &c, z, LATE, NULL, save_at, 1)), what, REPORT_WIDTH);
         }
     }
@@ -483,7 +483,7 @@ static void test_never_waits_inside_a_window(const char* dir) {
         int auto_u = run_i % 2, tr = run_i / 2;
         ZfConfig z = zf_default_config();  // k 0.1, U 4, overlap
         z.select_interval = 0;             // one selection, at t = 0: no drain inside a window
-        z.transport = tr;
+        z.accumulate = tr;
         if (auto_u) { z.update_interval = ZF_AUTO; }
         char win_path[] = "/tmp/zf_async_windows_XXXXXX";
         make_temp_file(win_path);
@@ -506,7 +506,7 @@ static void test_never_waits_inside_a_window(const char* dir) {
         g_hold_index = -1;
         char what[256];
         snprintf(what, sizeof(what), "-za %s U=%s: update of the window closed at step %d held until %d",
-                 zf_transport_names[tr], auto_u ? "auto" : "4", windows[i].first, windows[i + 1].first);
+                 zf_accumulate_names[tr], auto_u ? "auto" : "4", windows[i].first, windows[i + 1].first);
         printf("  %-66s %s\n", what, g_hold_timeouts == 0 ? "no wait" : "FAIL (the loop waited for it)");
         check(g_hold_timeouts == 0, "the training loop waited inside a window for a held-back window update");
         report_same(same_run(held, free), "... and the run is the same as without the hold", REPORT_WIDTH);

@@ -45,7 +45,7 @@ static void expect(int ok, const char* fmt, ...) {
 // a ZenFlow over a model shape, without a backend (only the layouts are used)
 static void layouts_init(ZenFlow* zf, const char* spec, double k, int warmup) {
     GPT2Config c;
-    if (!gpt2_parse_model_spec(spec, &c)) { zf_fail("bad model spec %s", spec); }
+    if (!gpt2_parse_model_spec(spec, &c)) { fatal("bad model spec %s", spec); }
     ZfConfig cfg = zf_default_config();
     cfg.topk = k;
     cfg.overlap = 0;  // no updater thread
@@ -63,7 +63,7 @@ static void random_ownership(ZenFlow* zf, int all_cpu, uint64_t* rng) {
         int* order = mat->cols_by_owner;
         for (int j = 0; j < mat->cols; j++) { order[j] = j; }
         for (int j = mat->cols - 1; j > 0; j--) {  // Fisher-Yates
-            int r = (int)(zf_random_u32(rng) % (uint32_t)(j + 1));
+            int r = (int)(random_u32(rng) % (uint32_t)(j + 1));
             int tmp = order[j];
             order[j] = order[r];
             order[r] = tmp;
@@ -260,10 +260,10 @@ static void check_ownership(ZenFlow* zf, const char* what) {
 static void check_find_set(uint64_t* rng) {
     int bad = 0;
     for (int trial = 0; trial < 200; trial++) {
-        int n = 1 + (int)(zf_random_u32(rng) % 12);
+        int n = 1 + (int)(random_u32(rng) % 12);
         std::vector<long long> start(n + 1, 0);
         for (int s = 0; s < n; s++) {
-            int units = zf_random_u32(rng) % 3 == 0 ? 0 : (int)(zf_random_u32(rng) % 5);  // empty sets too
+            int units = random_u32(rng) % 3 == 0 ? 0 : (int)(random_u32(rng) % 5);  // empty sets too
             start[s + 1] = start[s] + units;
         }
         for (long long u = 0; u < start[n]; u++) {

@@ -38,13 +38,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     fclose(fp);
     int floor = fuzz_fd_floor();
     jmp_buf jump;
-    zf_fail_jump = &jump;
+    fatal_jump = &jump;
     uint64_t rng = 0;
     if (setjmp(jump) == 0) {
         read_checkpoint_state(dir, 6, &zf, &loader, &rng);
     } else {
         fuzz_close_fds_from(floor);
     }
-    zf_fail_jump = NULL;
+    fatal_jump = NULL;
     return 0;
 }

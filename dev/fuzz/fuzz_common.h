@@ -1,7 +1,7 @@
 /*
 Shared by the libFuzzer targets in dev/fuzz: each target hands the fuzzer's bytes to one of
 the project's file readers, which all take a path. A reader that rejects its input calls
-zf_fail, which here jumps back instead of exiting (llmc/utils.h: zf_fail_jump), so a
+fatal, which here jumps back instead of exiting (llmc/utils.h: fatal_jump), so a
 rejection is an ordinary outcome; a crash, a sanitizer report or a hang is a finding.
 
 Build and run: `make fuzz` (clang, -fsanitize=fuzzer,address,undefined; bounded time).

@@ -6,7 +6,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const char* path = fuzz_write_input(data, size);
     int floor = fuzz_fd_floor();
     jmp_buf jump;
-    zf_fail_jump = &jump;
+    fatal_jump = &jump;
     DataLoader loader;
     if (setjmp(jump) == 0) {
         dataloader_init(&loader, path, 2, 3, 50257);  // B*T+1 = 7 tokens a batch
@@ -17,6 +17,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     } else {
         fuzz_close_fds_from(floor);
     }
-    zf_fail_jump = NULL;
+    fatal_jump = NULL;
     return 0;
 }

@@ -6,7 +6,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const char* path = fuzz_write_input(data, size);
     int floor = fuzz_fd_floor();
     jmp_buf jump;
-    zf_fail_jump = &jump;
+    fatal_jump = &jump;
     Tokenizer tok;
     if (setjmp(jump) == 0) {
         tokenizer_init(&tok, path);
@@ -18,6 +18,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     } else {
         fuzz_close_fds_from(floor);
     }
-    zf_fail_jump = NULL;
+    fatal_jump = NULL;
     return 0;
 }

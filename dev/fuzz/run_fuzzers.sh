@@ -7,7 +7,7 @@
 #   bash dev/fuzz/run_fuzzers.sh [seconds per target, default 15]
 #
 # Leak detection is off: a rejected file makes the reader jump out of the middle of its
-# work (zf_fail -> longjmp), which leaks by design; the trainers exit at that point.
+# work (fatal -> longjmp), which leaks by design; the trainers exit at that point.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 SECONDS_EACH=${1:-15}
