@@ -116,7 +116,7 @@ cuda_dev:
 EMU_SRC = train_gpt2.cu test_gpt2.cu zenflow.cuh $(wildcard llmc/*.cuh) $(wildcard dev/cuda/*.cu) dev/cuda/common.h \
           $(HEADERS) dev/test_common.h
 # dev/cuda's validations too (ZF_SKIP_BENCHMARKS=1 in make test: emulated timings mean nothing)
-EMU_DEV_CUDA = $(patsubst dev/cuda/%.cu,build/emu/dev_cuda/%,$(filter-out dev/cuda/zenflow_host.cu,$(wildcard dev/cuda/*.cu)))
+EMU_DEV_CUDA = $(patsubst dev/cuda/%.cu,build/emu/dev_cuda/%,$(wildcard dev/cuda/*.cu))
 EMU_DEPS = build/emu/src/.stamp $(HEADERS) dev/test_common.h dev/cuda/emu/cuda_runtime.h dev/cuda/emu/cublasLt.h
 EMU_FLAGS = -std=c++17 -fopenmp -ffp-contract=off -Wall -Wno-unused-function -Wno-unknown-pragmas \
             -I dev/cuda/emu -iquote . -iquote llmc

@@ -247,7 +247,7 @@ static ZfRun zf_run(const char* dir, const ZfCase* c, ZfConfig z, int steps, con
     dataloader_init(&loader, path, c->s.B, c->s.T, model.config.vocab_size);
     ZenFlow zf;
     ZfCudaDevice dev;
-    zenflow_cuda_init(&zf, &dev, model.params_memory, model.grads_memory, &model.config, z);
+    zf_cuda_init(&zf, &dev, model.params_memory, model.grads_memory, &model.config, z);
     if (sel_path != NULL) { zf.selection_log = fopenCheck(sel_path, "w"); }
     zf.pipeline = pipeline;  // as the trainer: the passes call the per-layer hooks
     model.zf = &zf;
@@ -261,13 +261,13 @@ static ZfRun zf_run(const char* dir, const ZfCase* c, ZfConfig z, int steps, con
             std::vector<float> params(model.num_parameters);
             gpt2_copy_params_to_host(&model, params.data());
             if (zf.selection_log != NULL) { fclose(zf.selection_log); }
-            zenflow_cuda_free(&zf, &dev);
+            zf_cuda_free(&zf, &dev);
             gpt2_free(&model);
             snprintf(path, sizeof(path), "%s/model.bin", dir);
             gpt2_build(&model, path, 0);
             cudaCheck(cudaMemcpy(model.params_memory, params.data(), params.size() * sizeof(float),
                                  cudaMemcpyHostToDevice));
-            zenflow_cuda_init(&zf, &dev, model.params_memory, model.grads_memory, &model.config, z);
+            zf_cuda_init(&zf, &dev, model.params_memory, model.grads_memory, &model.config, z);
             zf.pipeline = pipeline;
             model.zf = &zf;
             rewind(fp);
@@ -288,7 +288,7 @@ static ZfRun zf_run(const char* dir, const ZfCase* c, ZfConfig z, int steps, con
     out.params.resize(model.num_parameters);
     gpt2_copy_params_to_host(&model, out.params.data());
     if (zf.selection_log != NULL) { fclose(zf.selection_log); }
-    zenflow_cuda_free(&zf, &dev);
+    zf_cuda_free(&zf, &dev);
     dataloader_free(&loader);
     gpt2_free(&model);
     return out;
@@ -352,14 +352,14 @@ static void test_zenflow_invariants(const char* dir) {
         dataloader_free(&loader);
         gpt2_free(&model);
     }
-    ZfConfig adamw = zf_default_config();
+    ZfConfig adamw = ZF_DEFAULTS;
     adamw.mode = ZF_MODE_ADAMW;
     ZfRun ref = zf_run(dir, &c, adamw, -1, NULL);
     report_same(same_run(ref, plain), "-zo adamw == plain AdamW (gpt2_update)", REPORT_WIDTH);
     double ks[3] = {0.05, 0.1, 0.5};
     for (int tr = 0; tr < 2; tr++) {
         for (double k : ks) {
-            ZfConfig z = zf_default_config();
+            ZfConfig z = ZF_DEFAULTS;
             z.topk = k;
             z.update_interval = 1;
             z.overlap = 0;
@@ -369,7 +369,7 @@ static void test_zenflow_invariants(const char* dir) {
             report_same(same_run(zf_run(dir, &c, z, -1, NULL), ref), what, REPORT_WIDTH);
         }
     }
-    ZfConfig off = zf_default_config();
+    ZfConfig off = ZF_DEFAULTS;
     off.mode = ZF_MODE_OFFLOAD;
     ZfRun offload = zf_run(dir, &c, off, -1, NULL);
     report_same(same_run(offload, ref), "offload == adamw", REPORT_WIDTH);
@@ -387,7 +387,7 @@ static void test_zenflow_invariants(const char* dir) {
 
     // determinism of the threaded path, with copies in flight; it must differ from adamw
     for (int tr = 0; tr < 2; tr++) {
-        ZfConfig z = zf_default_config();
+        ZfConfig z = ZF_DEFAULTS;
         z.topk = 0.1;
         z.update_interval = 3;
         z.select_interval = 6;
@@ -419,7 +419,7 @@ static void test_zenflow_invariants(const char* dir) {
     // with random updater delays, and a checkpoint inside the longest window (where the
     // window's c sums carry the decision) resumes bit for bit
     for (int tr = 0; tr < 2; tr++) {
-        ZfConfig z = zf_default_config();
+        ZfConfig z = ZF_DEFAULTS;
         z.update_interval = ZF_AUTO;
         z.select_interval = 6;
         z.accumulate = tr;

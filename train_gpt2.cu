@@ -520,7 +520,7 @@ static void print_memory_table(const GPT2* model, const ZfCudaDevice* dev, const
     cudaCheck(cudaMemGetInfo(&free_bytes, &total_bytes));
     printf("[memory] GPU %-34s %10.1f MiB\n", "parameters", params);
     printf("[memory] GPU %-34s %10.1f MiB\n", "gradients", params);
-    zenflow_cuda_print_memory(dev, zf);
+    zf_cuda_print_memory(dev, zf);
     printf("[memory] GPU %-34s %10.1f MiB  (B=%d T=%d)\n", "activations", acts, model->batch_size,
            model->seq_len);
     printf("[memory] GPU %-34s %10.1f MiB  (incl. 32 MiB cuBLASLt workspace)\n", "scratch", scratch);
@@ -587,7 +587,7 @@ int main(int argc, char* argv[]) {
 
     ZenFlow zf;
     ZfCudaDevice device;
-    zenflow_cuda_init(&zf, &device, model.params_memory, model.grads_memory, cfg, zcfg);
+    zf_cuda_init(&zf, &device, model.params_memory, model.grads_memory, cfg, zcfg);
     zcfg = zf.cfg;  // as the mode sets it
     zf.pipeline = args.pipeline;  // gpt2_forward / gpt2_backward call the per-layer hooks
     model.zf = &zf;
@@ -621,8 +621,9 @@ int main(int argc, char* argv[]) {
     ZfAdamHyper hyper = {lr, 0.9f, 0.95f, 1e-8f, weight_decay};
     uint64_t rng = (uint64_t)seed;  // the sampler's state, as in llm.c (dev/train_gpt2.cpp says why)
     float* host_params = NULL;  // for checkpoints
+    const OptimizerState zf_state = {&zf, zf_save_state, zf_load_state};  // llmc/checkpoint.h
     if (start_step >= 0) {
-        read_checkpoint_state(output_dir, start_step, &zf, &train_loader, &rng);
+        read_checkpoint_state(output_dir, start_step, zf_state, &train_loader, &rng);
         printf("resumed from the checkpoint of step %d in %s\n", start_step, output_dir);
     }
 
@@ -636,7 +637,8 @@ int main(int argc, char* argv[]) {
         int last = step == steps;
         if (g_interrupted) {
             const float* params = checkpoint_every > 0 ? params_on_host(&model, &host_params) : NULL;
-            exit_interrupted(output_dir, step, checkpoint_every, cfg, params, &zf, &train_loader, rng);
+            zf_wait(&zf);
+            exit_interrupted(output_dir, step, checkpoint_every, cfg, params, zf_state, &train_loader, rng);
         }
         if (last) { zf_drain(&zf); }  // spec 4.7: what follows must see the final weights
         // a resumed run continues with the step after its checkpoint: the evaluation,
@@ -659,7 +661,7 @@ int main(int argc, char* argv[]) {
                         gen_tokens, &rng);
         }
         if (fresh && checkpoint_every > 0 && step > 0 && (step % checkpoint_every == 0 || last)) {
-            write_checkpoint(output_dir, step, cfg, params_on_host(&model, &host_params), &zf, &train_loader, rng);
+            write_checkpoint(output_dir, step, cfg, params_on_host(&model, &host_params), zf_state, &train_loader, rng);
         }
         if (last) { break; }
 
@@ -705,7 +707,7 @@ int main(int argc, char* argv[]) {
     if (metrics) { fclose(metrics); }
     if (zf.selection_log != NULL) { fclose(zf.selection_log); }
     free(host_params);
-    zenflow_cuda_free(&zf, &device);
+    zf_cuda_free(&zf, &device);
     tokenizer_free(&tokenizer);
     dataloader_free(&train_loader);
     dataloader_free(&val_loader);

@@ -81,7 +81,7 @@ static std::vector<SimResult> simulate(const GPT2Config* model, int U, int accum
     be.moments_to_host = sim_moments_to_host;
     be.moments_from_host = sim_moments_from_host;
     be.host_blocks = sim_host_blocks;
-    ZfConfig cfg = zf_default_config();  // zenflow, k = 0.1, overlap on
+    ZfConfig cfg = ZF_DEFAULTS;  // zenflow, k = 0.1, overlap on
     cfg.update_interval = U;
     cfg.select_interval = 0;  // one selection, at the start
     cfg.accumulate = accumulate;

@@ -97,7 +97,7 @@ static inline ZfCase read_zf_case(const char* dir) {
     char path[4096], mode[32];
     snprintf(path, sizeof(path), "%s/zenflow.txt", dir);
     FILE* fp = fopenCheck(path, "r");
-    c.z = zf_default_config();
+    c.z = ZF_DEFAULTS;
     int got = fscanf(fp, "%31s %lf %d %d %d %d %d", mode, &c.z.topk, &c.z.update_interval, &c.z.select_interval,
                      &c.z.warmup, &c.z.overlap, &c.z.max_update_interval);
     if (got != 6 && got != 7) { fatal("%s: expected 'mode k U S W overlap [U_max]' (U = 0: auto)", path); }

@@ -79,11 +79,11 @@ static void test_case(const char* dir) {
     DataLoader loader;
     dataloader_init(&loader, path, s.B, s.T, V);
     // plain AdamW is ZenFlow's adamw mode (k = 1: the "GPU" owns every column)
-    ZfConfig adamw = zf_default_config();
+    ZfConfig adamw = ZF_DEFAULTS;
     adamw.mode = ZF_MODE_ADAMW;
     ZenFlow zf;
     CpuDevice device;
-    zenflow_cpu_init(&zf, &device, &model, adamw);
+    zf_cpu_init(&zf, &device, &model, adamw);
     ZfAdamHyper hyper = {s.lr, 0.9f, 0.95f, 1e-8f, s.wd};
     double worst = 0.0;
     for (int t = 0; t < n; t++) {
@@ -99,7 +99,7 @@ static void test_case(const char* dir) {
     printf("  trajectory: %d steps, max |err| %.3e  %s\n", n, worst, worst <= 2e-5 ? "ok" : "FAIL");
     check(worst <= 2e-5, "loss trajectory differs by more than 2e-5");
     free(ref);
-    zenflow_cpu_free(&zf, &device);
+    zf_cpu_free(&zf, &device);
     dataloader_free(&loader);
     gpt2_free(&model);
 }

@@ -48,7 +48,7 @@ static std::vector<float> run(const char* dir, const ZfCase* c, ZfConfig z, cons
     dataloader_init(&loader, path, c->s.B, c->s.T, model.config.vocab_size);
     ZenFlow zf;
     CpuDevice device;
-    zenflow_cpu_init(&zf, &device, &model, z);
+    zf_cpu_init(&zf, &device, &model, z);
     zf.pipeline = pipeline;
     model.zf = &zf;
     if (sel_path != NULL) { zf.selection_log = fopenCheck(sel_path, "w"); }
@@ -64,7 +64,7 @@ static std::vector<float> run(const char* dir, const ZfCase* c, ZfConfig z, cons
     }
     zf_drain(&zf);
     if (zf.selection_log != NULL) { fclose(zf.selection_log); }
-    zenflow_cpu_free(&zf, &device);
+    zf_cpu_free(&zf, &device);
     dataloader_free(&loader);
     gpt2_free(&model);
     return losses;
@@ -93,13 +93,13 @@ static void test_against_reference(const char* dir) {
 static void test_invariants(const char* dir) {
     printf("== exact invariants on %s\n", dir);
     ZfCase c = read_zf_case(dir);
-    ZfConfig adamw = zf_default_config();
+    ZfConfig adamw = ZF_DEFAULTS;
     adamw.mode = ZF_MODE_ADAMW;
     std::vector<float> ref = run(dir, &c, adamw, NULL);
     char what[256];
     double ks[3] = {0.05, 0.1, 0.5};
     for (double k : ks) {
-        ZfConfig z = zf_default_config();
+        ZfConfig z = ZF_DEFAULTS;
         z.topk = k;
         z.update_interval = 1;
         z.overlap = 0;
@@ -109,14 +109,14 @@ static void test_invariants(const char* dir) {
         snprintf(what, sizeof(what), "zenflow k=%g U=1 without overlap differs from adamw", k);
         check(same, what);
     }
-    ZfConfig off = zf_default_config();
+    ZfConfig off = ZF_DEFAULTS;
     off.mode = ZF_MODE_OFFLOAD;
     int same = bitwise_equal(run(dir, &c, off, NULL), ref);
     printf("  offload == adamw: %s\n", same ? "bitwise" : "DIFFERS");
     check(same, "offload differs from adamw");
 
     // determinism of the threaded path; it must also really differ from adamw
-    ZfConfig z = zf_default_config();
+    ZfConfig z = ZF_DEFAULTS;
     z.topk = 0.1;
     z.update_interval = 3;
     z.select_interval = 6;

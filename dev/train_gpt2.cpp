@@ -13,7 +13,7 @@ size, L layers, V vocabulary, Vp padded vocabulary. All parameters live in one b
 (llmc/gpt2_file.h), gradients mirror it, and the activations live in a second buffer.
 
 The optimizer is not here: the step ends by handing the gradients to ZenFlow's
-orchestration (zenflow_cpu.h) or, for plain AdamW, to cpu_adam.cpp.
+orchestration (zenflow.h), whose device side this file provides (the CPU backend below).
 */
 #include <math.h>
 #include <stdio.h>
@@ -969,8 +969,8 @@ static void cpu_moments_from_host(void* ctx, const ZenFlow* zf, const float* m, 
     }
 }
 
-// ZenFlow over the CPU trainer's model; free with zenflow_cpu_free
-void zenflow_cpu_init(ZenFlow* zf, CpuDevice* dev, GPT2* model, ZfConfig cfg) {
+// ZenFlow over the CPU trainer's model; free with zf_cpu_free
+void zf_cpu_init(ZenFlow* zf, CpuDevice* dev, GPT2* model, ZfConfig cfg) {
     ZfBackend be;
     memset(&be, 0, sizeof(be));  // no asynchronous copies here: host_wait, prefetch stay NULL
     be.ctx = dev;
@@ -996,7 +996,7 @@ void zenflow_cpu_init(ZenFlow* zf, CpuDevice* dev, GPT2* model, ZfConfig cfg) {
     dev->gpu_v = zf_host_zeros(n, zenflow);
 }
 
-void zenflow_cpu_free(ZenFlow* zf, CpuDevice* dev) {
+void zf_cpu_free(ZenFlow* zf, CpuDevice* dev) {
     zf_free(zf);
     free(dev->gpu_m);
     free(dev->gpu_v);
@@ -1110,7 +1110,7 @@ int main(int argc, char* argv[]) {
 
     ZenFlow zf;
     CpuDevice device;
-    zenflow_cpu_init(&zf, &device, &model, zcfg);
+    zf_cpu_init(&zf, &device, &model, zcfg);
     zcfg = zf.cfg;  // as the mode sets it
 
     // the log is opened (and, without -y, emptied) only once every check has passed
@@ -1145,8 +1145,9 @@ int main(int argc, char* argv[]) {
     // the sampler's xorshift state is the seed itself, as in llm.c (whose trainers start it at
     // 1337): samples of a model draw the same coins here and there (scripts/test_llmc_cpu.py)
     uint64_t rng = (uint64_t)seed;
+    const OptimizerState zf_state = {&zf, zf_save_state, zf_load_state};  // llmc/checkpoint.h
     if (start_step >= 0) {
-        read_checkpoint_state(output_dir, start_step, &zf, &train_loader, &rng);
+        read_checkpoint_state(output_dir, start_step, zf_state, &train_loader, &rng);
         printf("resumed from the checkpoint of step %d in %s\n", start_step, output_dir);
     }
     catch_sigint();
@@ -1155,7 +1156,8 @@ int main(int argc, char* argv[]) {
         int last = step == steps;
         if (g_interrupted) {
             zf_apply_pending(&zf);  // (pipelining) the parameters complete before they are saved
-            exit_interrupted(output_dir, step, checkpoint_every, cfg, model.params_memory, &zf, &train_loader, rng);
+            zf_wait(&zf);
+            exit_interrupted(output_dir, step, checkpoint_every, cfg, model.params_memory, zf_state, &train_loader, rng);
         }
         if (last) { zf_drain(&zf); }  // spec 4.7: what follows must see the final weights
         // a resumed run continues with the step after its checkpoint: the evaluation,
@@ -1179,7 +1181,7 @@ int main(int argc, char* argv[]) {
         }
         if (fresh && checkpoint_every > 0 && step > 0 && (step % checkpoint_every == 0 || last)) {
             zf_apply_pending(&zf);
-            write_checkpoint(output_dir, step, cfg, model.params_memory, &zf, &train_loader, rng);
+            write_checkpoint(output_dir, step, cfg, model.params_memory, zf_state, &train_loader, rng);
         }
         if (last) { break; }
 
@@ -1215,7 +1217,7 @@ int main(int argc, char* argv[]) {
     if (zf.selection_log != NULL) { fclose(zf.selection_log); }
     if (scores_file != NULL) { fclose(scores_file); }
     trace_close();
-    zenflow_cpu_free(&zf, &device);
+    zf_cpu_free(&zf, &device);
     tokenizer_free(&tokenizer);
     dataloader_free(&train_loader);
     dataloader_free(&val_loader);

@@ -95,7 +95,7 @@ static inline void train_args_parse(TrainArgs* a, int argc, char* argv[]) {
     a->val_every = 20, a->val_batches = 20, a->sample_every = 20, a->gen_tokens = 64;
     a->seed = 1337;
     a->use_tf32 = 1;
-    a->zcfg = zf_default_config();
+    a->zcfg = ZF_DEFAULTS;
     a->pipeline = 1;
     a->trace_first = 1, a->trace_steps = 8;
     for (int i = 1; i < argc; i += 2) {

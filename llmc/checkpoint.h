@@ -1,9 +1,9 @@
 /*
 Checkpoints (-n, -y), shared by both trainers: the model file (llm.c-compatible: the working
 copy of the parameters) plus a state file with everything else a run needs to continue bit
-for bit: the step, the data position, the sampling RNG, and ZenFlow's state
-(zf_save_state). Both files are written to a temporary name, synced and renamed, model
-first, so a kill at any moment leaves the previous checkpoint intact.
+for bit: the step, the data position, the sampling RNG, and the optimizer's state (the
+trainers pass ZenFlow's, zenflow.h). Both files are written to a temporary name, synced and
+renamed, model first, so a kill at any moment leaves the previous checkpoint intact.
 */
 #ifndef LLMC_CHECKPOINT_H
 #define LLMC_CHECKPOINT_H
@@ -11,16 +11,22 @@ first, so a kill at any moment leaves the previous checkpoint intact.
 #include <dirent.h>
 #include <signal.h>
 
-#include "../zenflow.h"
 #include "dataloader.h"
 #include "gpt2_file.h"
 
 #define STATE_MAGIC 20241130
 #define STATE_VERSION 1
 
+// the optimizer's part of the state file, written after the header and read back in order
+typedef struct {
+    void* ctx;
+    void (*save)(void* ctx, FILE* fp, const char* path);
+    void (*load)(void* ctx, FILE* fp, const char* path);
+} OptimizerState;
+
 // params: the working copy of the parameters, on the host
 static inline void write_checkpoint(const char* dir, int step, const GPT2Config* config,
-                                    const float* params, ZenFlow* zf, const DataLoader* loader,
+                                    const float* params, OptimizerState opt, const DataLoader* loader,
                                     uint64_t rng) {
     char path[4096], tmp[4200];
     snprintf(path, sizeof(path), "%s/model_%08d.bin", dir, step);
@@ -37,7 +43,7 @@ static inline void write_checkpoint(const char* dir, int step, const GPT2Config*
     fwriteCheck(header, sizeof(int), 256, fp, tmp);
     uint64_t words[2] = {(uint64_t)loader->position, rng};
     fwriteCheck(words, sizeof(uint64_t), 2, fp, tmp);
-    zf_save_state(zf, fp, tmp);
+    opt.save(opt.ctx, fp, tmp);
     atomic_write_commit(fp, tmp, path);
     printf("wrote checkpoint %s/{model,state}_%08d.bin\n", dir, step);
 }
@@ -63,7 +69,7 @@ static inline int newest_checkpoint(const char* dir) {
 }
 
 // restores what write_checkpoint wrote (the model was already built from its model file)
-static inline void read_checkpoint_state(const char* dir, int step, ZenFlow* zf,
+static inline void read_checkpoint_state(const char* dir, int step, OptimizerState opt,
                                          DataLoader* loader, uint64_t* rng) {
     char path[4096];
     snprintf(path, sizeof(path), "%s/state_%08d.bin", dir, step);
@@ -89,26 +95,22 @@ static inline void read_checkpoint_state(const char* dir, int step, ZenFlow* zf,
     }
     loader->position = (size_t)words[0];
     *rng = words[1];
-    zf_load_state(zf, fp, path);
+    opt.load(opt.ctx, fp, path);
     if (fgetc(fp) != EOF) { fatal("%s: trailing bytes (corrupt file?)", path); }
     fclose(fp);
 }
 
 // Ctrl-C (SIGINT), the same in both trainers: the handler only sets a flag; the training loop
-// checks it at each step boundary and calls exit_interrupted, which waits for the CPU
-// updater, writes a checkpoint if -n asked for them (`params`: the working copy on the host),
-// and exits 130 with one line.
+// checks it at each step boundary, lets the optimizer's threads finish, and calls
+// exit_interrupted, which writes a checkpoint if -n asked for them (`params`: the working
+// copy on the host) and exits 130 with one line.
 static volatile sig_atomic_t g_interrupted = 0;
 static void on_sigint(int) { g_interrupted = 1; }
 static inline void catch_sigint(void) { signal(SIGINT, on_sigint); }
 
 static inline void exit_interrupted(const char* dir, int step, int checkpoint_every, const GPT2Config* config,
-                                    const float* params, ZenFlow* zf, const DataLoader* loader, uint64_t rng) {
-    if (checkpoint_every > 0) {
-        write_checkpoint(dir, step, config, params, zf, loader, rng);
-    } else {
-        zf_wait(zf);
-    }
+                                    const float* params, OptimizerState opt, const DataLoader* loader, uint64_t rng) {
+    if (checkpoint_every > 0) { write_checkpoint(dir, step, config, params, opt, loader, rng); }
     fprintf(stderr, "error: interrupted (SIGINT) before step %d%s\n", step + 1,
             checkpoint_every > 0 ? "; resume with -y 1" : "");
     exit(130);

@@ -100,6 +100,13 @@ static inline long long file_size_bytes(const char* path) {
     return (long long)st.st_size;
 }
 
+// Fault injection for the failure tests: 1 when the environment variable `name` is set to
+// `value` (DEBUG_KILL_IN_WRITE=2: the second file write is killed; zenflow.h has two more)
+static inline int debug_fail_at(const char* name, long value) {
+    const char* at = getenv(name);
+    return at != NULL && atol(at) == value;
+}
+
 // ----------------------------------------------------------------------------
 // files written so that a crash never leaves a half-written file under the real name:
 // write to "<path>.tmp", fsync, rename. atomic_write_open returns the tmp file to write.
@@ -111,12 +118,10 @@ static inline FILE* atomic_write_open(const char* path, char* tmp_path, size_t t
 }
 
 static inline void atomic_write_commit(FILE* fp, const char* tmp_path, const char* path) {
-    // debug switch for the kill test (scripts/test_resume.py): ZF_KILL_IN_WRITE=<n> kills this
-    // process with SIGKILL in its n-th atomic write, before all the data has reached the file
-    // (what a power cut or the OOM killer may do at that moment, made certain)
+    // the kill test: SIGKILL in the n-th write, before all of it has reached the file (what a
+    // power cut or the OOM killer may do at that moment, made certain)
     static int writes = 0;
-    const char* kill_at = getenv("ZF_KILL_IN_WRITE");
-    if (kill_at != NULL && atoi(kill_at) == ++writes) { raise(SIGKILL); }
+    if (debug_fail_at("DEBUG_KILL_IN_WRITE", ++writes)) { raise(SIGKILL); }
     if (fflush(fp) != 0 || fsync(fileno(fp)) != 0) {
         fatal("%s: flush failed: %s (hint: is the disk full?)", tmp_path, strerror(errno));
     }

@@ -243,9 +243,6 @@ build_dev_cuda() {  # with dev/cuda/Makefile, or nvcc directly where there is no
         done
         "$NVCC" $NVCCFLAGS dev/cuda/zenflow.cu cpu_adam.cpp -o "$BUILD/cuda/zenflow" $LIBS &
         pids+=($!)
-        "$NVCC" -O2 -std=c++17 -Xcompiler -fopenmp,-ffp-contract=off dev/cuda/zenflow_host.cu cpu_adam.cpp \
-            -o "$BUILD/cuda/zenflow_host" -lgomp -lpthread &
-        pids+=($!)
         "$CXX" -O3 -march=native -std=c++17 -fopenmp -ffp-contract=off dev/cuda/zenflow_async.cpp cpu_adam.cpp \
             -o "$BUILD/cuda/zenflow_async" -lpthread -lm &
         pids+=($!)
@@ -378,7 +375,7 @@ fi
 # ----------------------------------------------------------------------------
 # 4. dev/cuda, one row per program
 
-for p in copy_engines zenflow zenflow_host zenflow_async encoder layernorm attention gelu residual classifier adamw matmul; do
+for p in copy_engines zenflow zenflow_async encoder layernorm attention gelu residual classifier adamw matmul; do
     skip_stage devcuda "dev/cuda $p" && continue
     args=()
     limit=60

@@ -169,8 +169,6 @@ run_test emu_failures "$PYTHON" scripts/test_failures.py build/emu/train_gpt2cu 
 if [ -x ./test_gpt2cu ]; then
     # without a GPU the binary itself reports SKIPPED with the CUDA runtime's reason
     run_test test_gpt2cu ./test_gpt2cu $REFS $ZF_REFS
-    # zenflow.cuh's kernels' index math, run per thread on the CPU (no GPU needed)
-    run_test zenflow_host ./build/cuda/zenflow_host
     # every kernel's registers (ptxas) allow a block of 1024 threads on sm_80 and sm_90: a
     # launch failure no compile and no emulator shows
     run_test launch_resources "$PYTHON" scripts/check_launch_resources.py --nvcc "${NVCC:-nvcc}"

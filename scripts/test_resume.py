@@ -13,7 +13,7 @@ of a window with the CPU's update still in flight.
    writing a checkpoint) and resumed with -y 1 until it finishes; the final model must be
    byte-identical to the uninterrupted run's. The kill times are seeded (reproducible).
 3. kill inside a write, for certain (the random kills rarely hit one: the tiny model's files
-   take microseconds to write): the trainer's switch ZF_KILL_IN_WRITE=n kills it in its n-th
+   take microseconds to write): the trainer's switch DEBUG_KILL_IN_WRITE=n kills it in its n-th
    file write, in the second checkpoint's model file, then in its state file; only a
    temporary file may be left, and the resumed run starts from the first checkpoint and ends
    byte-identical.
@@ -152,7 +152,7 @@ def main():
         # 3 and 4 the second's
         for n, name in ((3, f"model_{2 * CKPT:08d}.bin"), (4, f"state_{2 * CKPT:08d}.bin")):
             outdir = os.path.join(tmp, f"kill_in_write_{n}")
-            env = dict(os.environ, ZF_KILL_IN_WRITE=str(n))
+            env = dict(os.environ, DEBUG_KILL_IN_WRITE=str(n))
             first = subprocess.run(trainer_args(trainer, case, outdir, extra), env=env, capture_output=True)
             killed = first.returncode == -signal.SIGKILL
             left = sorted(f for f in os.listdir(outdir) if f.endswith(".tmp"))

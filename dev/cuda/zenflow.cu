@@ -110,13 +110,13 @@ static void validate(const char* spec, double k, uint64_t* rng) {
     float* h_grads = random_floats(N, -1e-2f, 1e-2f, rng);
     float* d_params = to_device(h_params, N);
     float* d_grads = to_device(h_grads, N);
-    ZfConfig cfg = zf_default_config();
+    ZfConfig cfg = ZF_DEFAULTS;
     cfg.topk = k;
     cfg.overlap = 0;
     cfg.update_interval = ZF_AUTO;  // (so that abs_sums has its buffers)
     ZenFlow zf;
     ZfCudaDevice dev;
-    zenflow_cuda_init(&zf, &dev, d_params, d_grads, &c, cfg);
+    zf_cuda_init(&zf, &dev, d_params, d_grads, &c, cfg);
     const ZfBackend* be = &zf.backend;
     random_ownership(&zf, rng);
     const size_t g = zf.vector_elems + zf.gpu_sel_elems, ce = zf.cpu_elems;
@@ -262,7 +262,7 @@ static void validate(const char* spec, double k, uint64_t* rng) {
     free(mm);
     free(vv);
     free(fresh);
-    zenflow_cuda_free(&zf, &dev);
+    zf_cuda_free(&zf, &dev);
     free(h_params);
     free(h_grads);
     cudaCheck(cudaFree(d_params));
@@ -277,12 +277,12 @@ static void benchmark(const char* spec, double k, uint64_t* rng) {
     float* h = random_floats(N, -1.0f, 1.0f, rng);
     float* d_params = to_device(h, N);
     float* d_grads = to_device(h, N);
-    ZfConfig cfg = zf_default_config();
+    ZfConfig cfg = ZF_DEFAULTS;
     cfg.topk = k;
     cfg.overlap = 1;
     ZenFlow zf;
     ZfCudaDevice dev;
-    zenflow_cuda_init(&zf, &dev, d_params, d_grads, &c, cfg);
+    zf_cuda_init(&zf, &dev, d_params, d_grads, &c, cfg);
     const ZfBackend* be = &zf.backend;
     random_ownership(&zf, rng);
     printf("benchmark %s k=%g: %zu CPU-owned, %zu GPU-owned elements (+ %zu in vectors)\n", spec, k, zf.cpu_elems,
@@ -337,7 +337,7 @@ static void benchmark(const char* spec, double k, uint64_t* rng) {
     }
     cudaCheck(cudaFree(pm));
     cudaCheck(cudaFree(pv));
-    zenflow_cuda_free(&zf, &dev);
+    zf_cuda_free(&zf, &dev);
     free(h);
     cudaCheck(cudaFree(d_params));
     cudaCheck(cudaFree(d_grads));

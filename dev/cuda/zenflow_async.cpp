@@ -203,7 +203,7 @@ static void lazy_params_from_host(void* ctx, const ZenFlow* zf, const float* hos
 }
 
 static void lazy_init(ZenFlow* zf, LazyDevice* dev, GPT2* model, ZfConfig cfg, int late) {
-    zenflow_cpu_init(zf, &dev->cpu, model, cfg);  // zf_init and the CPU device's buffers
+    zf_cpu_init(zf, &dev->cpu, model, cfg);  // zf_init and the CPU device's buffers
     dev->late = late;
     dev->prefetched = 0;
     dev->upload_host = NULL;
@@ -253,7 +253,7 @@ static Run run(const char* dir, const ZfCase* c, ZfConfig z, int kind, const cha
     ZenFlow zf;
     LazyDevice* dev = new LazyDevice;
     if (kind == PLAIN) {
-        zenflow_cpu_init(&zf, &dev->cpu, &model, z);
+        zf_cpu_init(&zf, &dev->cpu, &model, z);
     } else {
         lazy_init(&zf, dev, &model, z, kind == LATE);
     }
@@ -272,13 +272,13 @@ static Run run(const char* dir, const ZfCase* c, ZfConfig z, int kind, const cha
             FILE* log = zf.selection_log;
             zf_wait(&zf);
             lazy_check_upload(dev, "checkpoint");
-            zenflow_cpu_free(&zf, &dev->cpu);
+            zf_cpu_free(&zf, &dev->cpu);
             delete dev;
             dev = new LazyDevice;
             memcpy(model.params_memory, params.data(), params.size() * sizeof(float));
             memset(model.grads_memory, 0, model.num_parameters * sizeof(float));  // as a new process
             if (kind == PLAIN) {
-                zenflow_cpu_init(&zf, &dev->cpu, &model, z);
+                zf_cpu_init(&zf, &dev->cpu, &model, z);
             } else {
                 lazy_init(&zf, dev, &model, z, kind == LATE);
             }
@@ -303,7 +303,7 @@ static Run run(const char* dir, const ZfCase* c, ZfConfig z, int kind, const cha
     if (zf.selection_log != NULL) { fclose(zf.selection_log); }
     zf_wait(&zf);
     lazy_check_upload(dev, "end of the run");
-    zenflow_cpu_free(&zf, &dev->cpu);
+    zf_cpu_free(&zf, &dev->cpu);
     delete dev;
     dataloader_free(&loader);
     gpt2_free(&model);
@@ -369,7 +369,7 @@ static void test_invariants(const char* dir) {
         {0.1, ZF_AUTO, 6, 0, 1}, {0.2, ZF_AUTO, 4, 1, 0}};  // (U = 0: auto, spec 6)
     for (auto& m : more) {
         for (int tr = 0; tr < 2; tr++) {
-            ZfConfig z = zf_default_config();
+            ZfConfig z = ZF_DEFAULTS;
             z.topk = m.k;
             z.update_interval = m.U;
             z.select_interval = m.S;
@@ -400,13 +400,13 @@ static void test_invariants(const char* dir) {
         }
     }
     printf("== exact invariants of -za gpu on %s (late copies)\n", dir);
-    ZfConfig adamw = zf_default_config();
+    ZfConfig adamw = ZF_DEFAULTS;
     adamw.mode = ZF_MODE_ADAMW;
     Run ref = run(dir, &c, adamw, PLAIN, NULL);
     char what[256];
     double ks[3] = {0.05, 0.1, 0.5};
     for (double k : ks) {
-        ZfConfig z = zf_default_config();
+        ZfConfig z = ZF_DEFAULTS;
         z.topk = k;
         z.update_interval = 1;
         z.overlap = 0;
@@ -416,7 +416,7 @@ static void test_invariants(const char* dir) {
         report_same(same_run(run(dir, &c, z, LATE, NULL), ref), what, REPORT_WIDTH);
     }
     for (int tr = 0; tr < 2; tr++) {
-        ZfConfig z = zf_default_config();
+        ZfConfig z = ZF_DEFAULTS;
         z.update_interval = 3;
         z.select_interval = 6;
         z.accumulate = tr;
@@ -445,7 +445,7 @@ static void test_invariants(const char* dir) {
         report_same(same_run(sync, run(dir, &c, z, LATE, NULL, 4, 1)), what, REPORT_WIDTH);
         // auto U (spec 6): the decision of the step before a checkpoint, and the window's c
         // sums, are part of the state
-        z = zf_default_config();
+        z = ZF_DEFAULTS;
         z.update_interval = ZF_AUTO;
         z.select_interval = 6;
         z.accumulate = tr;
@@ -481,7 +481,7 @@ static void test_never_waits_inside_a_window(const char* dir) {
     printf("== a window update held back until the next boundary stalls no step inside the window\n");
     for (int run_i = 0; run_i < 4; run_i++) {
         int auto_u = run_i % 2, tr = run_i / 2;
-        ZfConfig z = zf_default_config();  // k 0.1, U 4, overlap
+        ZfConfig z = ZF_DEFAULTS;  // k 0.1, U 4, overlap
         z.select_interval = 0;             // one selection, at t = 0: no drain inside a window
         z.accumulate = tr;
         if (auto_u) { z.update_interval = ZF_AUTO; }

@@ -14,10 +14,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     static int ready = 0;
     if (!ready) {  // the model, ZenFlow and a shard to position the loader in, built once
         gpt2_build(&model, "d1c8h2v97t32", 1);
-        ZfConfig cfg = zf_default_config();
+        ZfConfig cfg = ZF_DEFAULTS;
         cfg.topk = 0.25;
         cfg.update_interval = 3;
-        zenflow_cpu_init(&zf, &device, &model, cfg);
+        zf_cpu_init(&zf, &device, &model, cfg);
         snprintf(dir, sizeof(dir), "/tmp/zf_fuzz_ckpt_%d", (int)getpid());
         mkdir(dir, 0755);
         char shard[128];
