@@ -1,41 +1,31 @@
 /*
 GPT-2 training on one GPU in fp32: the analogue of llm.c's train_gpt2_fp32.cu.
 
-It computes the same model as the CPU reference trainer (dev/train_gpt2.cpp), takes the
-same flags and prints the same step lines, so the two can be compared line by line. The
-kernels are in llmc/cuda_kernels.cuh (shared with dev/cuda/, where each is tested and
-timed on its own); this file holds the model, the passes, the optimizer step and main.
+It computes the same model as the CPU reference trainer (dev/train_gpt2.cpp), takes the same
+flags and prints the same step lines, so the two can be compared line by line. The kernels
+are in llmc/cuda_kernels.cuh (each tested and timed on its own in dev/cuda/); this file holds
+the model, the passes, the optimizer step and main. Parameters, gradients and activations
+are fp32 on the GPU, one buffer each; parameters and gradients use the file layout of
+llmc/gpt2_file.h, so "element k of the model" is the same number in every buffer and file.
 
-Memory: parameters, gradients and activations are fp32 on the GPU, one contiguous buffer
-each; parameters and gradients use the file layout of llmc/gpt2_file.h, so "element k of
-the model" is the same number in every buffer and in every file.
-
-The optimizer is ZenFlow's orchestration (zenflow.h, the same code as the CPU trainer's)
-with the CUDA backend in zenflow.cuh: -zo adamw keeps every moment on the GPU, -zo offload
-runs AdamW for every matrix on the CPU, -zo zenflow splits each matrix by columns
+The optimizer is ZenFlow's orchestration (zenflow.h, the same code as the CPU trainer's) with
+the CUDA backend in zenflow.cuh: -zo adamw keeps every moment on the GPU, -zo offload runs
+AdamW for every matrix on the CPU, -zo zenflow splits each matrix by columns
 (docs/zenflow_spec.md). gpt2_update below is plain AdamW on every parameter, kept as an
 independent check (test_gpt2cu compares -zo adamw with it bit for bit).
 
 What differs from the CPU trainer, and why:
-- The activations keep only what the backward pass reads (e.g. the softmax `att` but not
-  `preatt`, q/k/v in head layout instead of `qkv`); the rest lives in a few scratch buffers
-  that each layer reuses. Gradients of activations are not stored per layer at all: one
-  buffer carries the gradient of the residual stream down the layers (dresidual), which is
-  what the CPU's per-layer residual_backward adds up to.
+- The activations keep only what the backward pass reads; one buffer carries the gradient of
+  the residual stream down the layers (dresidual) instead of one per layer.
 - A forward pass with targets turns the logits into dlogits in place (fused classifier), so
   the (B, T, Vp) probabilities are never stored. Read logits after a forward WITHOUT targets.
 - Matmuls go through cuBLASLt, TF32 by default (-f 0 for plain fp32; the test uses fp32).
-- Model kernels run on the default stream; ZenFlow's copies run on two more streams
-  (zenflow.cuh). The host waits for the default stream at the end of a forward pass with
-  targets (for the losses) and at the end of each step, and where ZenFlow must wait for
-  its CPU side.
-- The copy engines carry ZenFlow's transfers only. The step's own small transfers, token
-  ids in and losses out, go through mapped pinned host memory that kernels read and write
-  (mapped_alloc in llmc/cuda_kernels.cuh says why: a cudaMemcpy would queue behind
-  ZenFlow's gigabytes crossing the same way).
+- Model kernels run on the default stream, ZenFlow's copies on two more (zenflow.cuh). The
+  step's own small transfers (token ids in, losses out) go through mapped pinned host memory
+  that kernels read and write, so that they never queue behind ZenFlow's gigabytes.
 
-Build (see the Makefile): nvcc -O3 -fmad=false ... -lcublasLt -lcublas. -fmad=false is
-required: without it nvcc fuses multiply-adds and AdamW is no longer spec 3.1 to the bit.
+Build (see the Makefile): nvcc -O3 -fmad=false ... -lcublasLt. -fmad=false is required:
+without it nvcc fuses multiply-adds and AdamW is no longer spec 3.1 to the bit.
 */
 #include <errno.h>
 #include <math.h>
