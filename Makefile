@@ -78,7 +78,7 @@ build/arch/train_gpt2cpu_%: dev/train_gpt2.cpp cpu_adam.cpp cpu_adam.h $(HEADERS
 bench_cpu_adam: dev/bench_cpu_adam.cpp cpu_adam.o $(HEADERS)
 	$(CXX) $(CXXFLAGS) $< cpu_adam.o -o $@ $(LDLIBS)
 
-# a simulated GPU beside ZenFlow's real CPU side: the stall per GPU step time (make bench)
+# the three modes on a simulated GPU and PCIe link beside ZenFlow's real CPU side (make bench)
 sim_stall: dev/sim_stall.cpp cpu_adam.o $(HEADERS)
 	$(CXX) $(CXXFLAGS) $< cpu_adam.o -o $@ $(LDLIBS)
 
@@ -217,11 +217,15 @@ bench_llmc_cpu: deps data train_gpt2cpu
 	@[ -f build/llmc_ref/train_gpt2.c ] || bash scripts/get_llmc.sh $(LLMC_GIT)
 	$(PYTHON) scripts/bench_llmc_cpu.py
 
-# cpu_adam vs torch.optim.AdamW vs the memory-bandwidth limit, and what the CPU side means
-# for ZenFlow: the shortest step this host keeps up with, predicted, then simulated
+# cpu_adam vs torch.optim.AdamW vs the memory-bandwidth limit, the shortest GPU step this
+# host's CPU side keeps up with, and the three modes on a simulated H200 and PCIe link with
+# this host's real CPU side (dev/sim_stall.cpp; its table, and its picture drawn from the CSV)
 bench: deps bench_cpu_adam sim_stall
 	$(PYTHON) scripts/bench_cpu_adam.py --bin ./bench_cpu_adam
-	./sim_stall
+	@mkdir -p build/bench
+	./sim_stall -o build/bench/sim_step_time.csv
+	$(PYTHON) scripts/plot_step_time.py --csv build/bench/sim_step_time.csv --out build/bench/sim_step_time.png \
+	    --title "simulated GPU and PCIe, real CPU side on this host"
 
 clean:
 	rm -f $(CPU_BINS) $(TSAN_BINS) $(ASAN_BINS) bench_cpu_adam train_gpt2cu test_gpt2cu *.o
