@@ -111,7 +111,7 @@ static inline FILE* atomic_write_open(const char* path, char* tmp_path, size_t t
 }
 
 static inline void atomic_write_commit(FILE* fp, const char* tmp_path, const char* path) {
-    // debug switch for the kill test (scripts/test_resume.py): ZF_KILL_IN_WRITE=<n> kills this
+    // debug switch for the kill test (dev/test/test_resume.py): ZF_KILL_IN_WRITE=<n> kills this
     // process with SIGKILL in its n-th atomic write, before all the data has reached the file
     // (what a power cut or the OOM killer may do at that moment, made certain)
     static int writes = 0;
