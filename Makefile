@@ -55,19 +55,19 @@ cpu_adam.o: cpu_adam.cpp cpu_adam.h
 train_gpt2cpu: dev/train_gpt2.cpp cpu_adam.o $(HEADERS)
 	$(CXX) $(CXXFLAGS) $< cpu_adam.o -o $@ $(LDLIBS)
 
-test_gpt2cpu: dev/test_gpt2.cpp dev/test_common.h dev/train_gpt2.cpp cpu_adam.o $(HEADERS)
+test_gpt2cpu: dev/test/test_gpt2.cpp dev/test/test_common.h dev/train_gpt2.cpp cpu_adam.o $(HEADERS)
 	$(CXX) $(CXXFLAGS) $< cpu_adam.o -o $@ $(LDLIBS)
 
-test_zenflow: dev/test_zenflow.cpp dev/test_common.h dev/train_gpt2.cpp cpu_adam.o $(HEADERS)
+test_zenflow: dev/test/test_zenflow.cpp dev/test/test_common.h dev/train_gpt2.cpp cpu_adam.o $(HEADERS)
 	$(CXX) $(CXXFLAGS) $< cpu_adam.o -o $@ $(LDLIBS)
 
 # the GPU backend's copy/wait protocol, on the CPU: a stand-in device whose copies land as
 # late or as early as CUDA allows (dev/cuda/zenflow_async.cpp)
-zenflow_async: dev/cuda/zenflow_async.cpp dev/test_common.h dev/train_gpt2.cpp cpu_adam.o $(HEADERS)
+zenflow_async: dev/cuda/zenflow_async.cpp dev/test/test_common.h dev/train_gpt2.cpp cpu_adam.o $(HEADERS)
 	$(CXX) $(CXXFLAGS) $< cpu_adam.o -o $@ $(LDLIBS)
 
 # the CPU trainer for two other x86-64 levels: v2 (SSE, 4 floats a vector) and v3 (AVX2, 8);
-# scripts/test_same_bits.py checks that they train to the native build's bits
+# dev/test/test_same_bits.py checks that they train to the native build's bits
 ifeq ($(shell uname -m),x86_64)
 ARCH_BINS = build/arch/train_gpt2cpu_x86-64-v2 build/arch/train_gpt2cpu_x86-64-v3
 endif
@@ -82,17 +82,17 @@ bench_cpu_adam: dev/bench_cpu_adam.cpp cpu_adam.o $(HEADERS)
 sim_stall: dev/sim_stall.cpp cpu_adam.o $(HEADERS)
 	$(CXX) $(CXXFLAGS) $< cpu_adam.o -o $@ $(LDLIBS)
 
-test_cpu_adam: dev/test_cpu_adam.cpp cpu_adam.o cpu_adam.h
+test_cpu_adam: dev/test/test_cpu_adam.cpp cpu_adam.o cpu_adam.h
 	$(CXX) $(CXXFLAGS) $< cpu_adam.o -o $@ $(LDLIBS)
 
 # ThreadSanitizer builds of the updater and orchestration tests, without OpenMP (libgomp
 # is not instrumented and would report false races); everything runs single-threaded then,
 # except the updater thread itself, which is what TSan watches.
 TSAN_FLAGS = -std=c++17 -O1 -g -ffp-contract=off -fsanitize=thread -Wall -Wno-unknown-pragmas -Wno-unused-function
-test_cpu_adam_tsan: dev/test_cpu_adam.cpp cpu_adam.cpp cpu_adam.h
+test_cpu_adam_tsan: dev/test/test_cpu_adam.cpp cpu_adam.cpp cpu_adam.h
 	$(CXX) $(TSAN_FLAGS) $< cpu_adam.cpp -o $@ $(LDLIBS)
 
-test_zenflow_tsan: dev/test_zenflow.cpp dev/test_common.h dev/train_gpt2.cpp cpu_adam.cpp $(HEADERS)
+test_zenflow_tsan: dev/test/test_zenflow.cpp dev/test/test_common.h dev/train_gpt2.cpp cpu_adam.cpp $(HEADERS)
 	$(CXX) $(TSAN_FLAGS) $< cpu_adam.cpp -o $@ $(LDLIBS)
 
 # the whole CPU trainer: its end (drain, trace close, free) next to the CPU threads
@@ -102,7 +102,7 @@ train_gpt2cpu_tsan: dev/train_gpt2.cpp cpu_adam.cpp $(HEADERS)
 train_gpt2cu: train_gpt2.cu cpu_adam.o $(HEADERS) zenflow.cuh $(wildcard llmc/*.cuh)
 	$(NVCC) $(NVCCFLAGS) $< cpu_adam.o -o $@ $(NVCC_LDLIBS)
 
-test_gpt2cu: test_gpt2.cu dev/test_common.h train_gpt2.cu cpu_adam.o $(HEADERS) zenflow.cuh $(wildcard llmc/*.cuh)
+test_gpt2cu: test_gpt2.cu dev/test/test_common.h train_gpt2.cu cpu_adam.o $(HEADERS) zenflow.cuh $(wildcard llmc/*.cuh)
 	$(NVCC) $(NVCCFLAGS) $< cpu_adam.o -o $@ $(NVCC_LDLIBS)
 
 # dev/cuda: one validation + benchmark program per kernel family (built into build/cuda)
@@ -114,10 +114,10 @@ cuda_dev:
 # with the emulator's cuda_runtime.h and cublasLt.h first on the include path. Needs neither
 # nvcc nor a GPU. The _asan build adds AddressSanitizer (out-of-bounds device accesses).
 EMU_SRC = train_gpt2.cu test_gpt2.cu zenflow.cuh $(wildcard llmc/*.cuh) $(wildcard dev/cuda/*.cu) dev/cuda/common.h \
-          $(HEADERS) dev/test_common.h
+          $(HEADERS) dev/test/test_common.h
 # dev/cuda's validations too (ZF_SKIP_BENCHMARKS=1 in make test: emulated timings mean nothing)
 EMU_DEV_CUDA = $(patsubst dev/cuda/%.cu,build/emu/dev_cuda/%,$(wildcard dev/cuda/*.cu))
-EMU_DEPS = build/emu/src/.stamp $(HEADERS) dev/test_common.h dev/cuda/emu/cuda_runtime.h dev/cuda/emu/cublasLt.h
+EMU_DEPS = build/emu/src/.stamp $(HEADERS) dev/test/test_common.h dev/cuda/emu/cuda_runtime.h dev/cuda/emu/cublasLt.h
 EMU_FLAGS = -std=c++17 -fopenmp -ffp-contract=off -Wall -Wno-unused-function -Wno-unknown-pragmas \
             -I dev/cuda/emu -iquote . -iquote llmc
 EMU_BINS = build/emu/train_gpt2cu build/emu/test_gpt2cu build/emu/test_gpt2cu_asan build/emu/test_gpt2cu_tsan build/emu/train_gpt2cu_tsan $(EMU_DEV_CUDA)
@@ -146,9 +146,9 @@ build/emu/%_tsan: $(EMU_DEPS) cpu_adam.cpp
 # the tests and the bad-input checks with them)
 ASAN_FLAGS = -std=c++17 -O1 -g -fopenmp -ffp-contract=off -fsanitize=address,undefined \
              -fno-sanitize-recover=undefined -fno-omit-frame-pointer -Wall -Wno-unused-function
-%_asan: dev/%.cpp dev/test_common.h dev/train_gpt2.cpp cpu_adam.cpp $(HEADERS)
+%_asan: dev/test/%.cpp dev/test/test_common.h dev/train_gpt2.cpp cpu_adam.cpp $(HEADERS)
 	$(CXX) $(ASAN_FLAGS) $< cpu_adam.cpp -o $@ $(LDLIBS)
-test_gpt2cpu_asan: dev/test_gpt2.cpp dev/test_common.h dev/train_gpt2.cpp cpu_adam.cpp $(HEADERS)
+test_gpt2cpu_asan: dev/test/test_gpt2.cpp dev/test/test_common.h dev/train_gpt2.cpp cpu_adam.cpp $(HEADERS)
 	$(CXX) $(ASAN_FLAGS) $< cpu_adam.cpp -o $@ $(LDLIBS)
 train_gpt2cpu_asan: dev/train_gpt2.cpp cpu_adam.cpp $(HEADERS)
 	$(CXX) $(ASAN_FLAGS) $< cpu_adam.cpp -o $@ $(LDLIBS)
@@ -174,7 +174,7 @@ data: deps
 # PyTorch reference outputs for the tests; regenerated when the scripts change
 REF_DIR = dev/test/ref
 refs: $(REF_DIR)/.stamp
-# the reference cases a lent GPU machine needs, in one folder under the carry limit: all but
+# the reference cases a GPU machine needs, in one small folder to copy along: all but
 # the 50 MB vocab case, of which only train.bin goes (gpu_check.sh makes the rest there with
 # PyTorch); COMMIT says which source it was packed from (the machine gets no .git)
 gpu_refs: refs
@@ -182,16 +182,16 @@ gpu_refs: refs
 	cp -r $(REF_DIR)/tiny $(REF_DIR)/zf_* build/gpu_refs/
 	cp $(REF_DIR)/vocab/train.bin build/gpu_refs/vocab/
 	(git describe --always --dirty --abbrev=7 2>/dev/null || echo "unknown (no git)") > build/gpu_refs/COMMIT
-# scripts/gpu_check.sh run through every stage on the CPU emulator, before a GPU is lent
+# dev/gpu_check.sh run through every stage on the CPU emulator, before a GPU machine runs it
 # (dev/cuda/emu/rehearse_gpu_check.sh; needs nvcc for the host code, 5 to 7 minutes)
 gpu_rehearsal: emu refs
 	bash dev/cuda/emu/rehearse_gpu_check.sh
-$(REF_DIR)/.stamp: scripts/make_test_refs.sh scripts/gpt2_reference.py scripts/zenflow_reference.py
-	bash scripts/make_test_refs.sh $(REF_DIR)
+$(REF_DIR)/.stamp: dev/test/make_refs.sh scripts/gpt2_reference.py scripts/zenflow_reference.py
+	bash dev/test/make_refs.sh $(REF_DIR)
 	touch $@
 
 test: deps all $(TSAN_BINS) $(ASAN_BINS) $(FUZZ_BINS) $(EMU_BINS) $(ARCH_BINS) refs
-	@bash scripts/run_tests.sh
+	@bash dev/test/run_tests.sh
 
 run: deps data all
 	@bash scripts/run.sh $(ARGS)
@@ -210,7 +210,7 @@ bench_llmc: train_gpt2cu
 # make test when it is there)
 llmc_cpu: deps data refs train_gpt2cpu
 	@[ -f build/llmc_ref/train_gpt2.c ] || bash scripts/get_llmc.sh $(LLMC_GIT)
-	$(PYTHON) scripts/test_llmc_cpu.py
+	$(PYTHON) dev/test/test_llmc_cpu.py
 
 # our CPU trainer against llm.c's train_gpt2.c, ms/step side by side (no GPU; llm.c as above)
 bench_llmc_cpu: deps data train_gpt2cpu

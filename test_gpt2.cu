@@ -1,10 +1,10 @@
 /*
 Tests the CUDA trainer against the PyTorch reference (scripts/gpt2_reference.py), with the
-same case directories and the same checks as the CPU test (dev/test_gpt2.cpp):
+same case directories and the same checks as the CPU test (dev/test/test_gpt2.cpp):
 
   ./test_gpt2cu <case dir> [<case dir> ...]
 
-Each case directory is written by scripts/make_test_refs.sh; a directory with zenflow.txt
+Each case directory is written by dev/test/make_refs.sh; a directory with zenflow.txt
 is a ZenFlow case (see part 4 below), any other holds:
   model.bin   the model (llm.c v3 file)          state.bin   one batch: x, y, logits, loss, grads
   train.bin   the token shard to train on        losses.txt  the reference loss of every step
@@ -27,10 +27,10 @@ Checks, each printed with its numbers:
        legitimately pick differently there. (The CPU test's near-tie band is 1e-5. This one
        is 10x wider, a guess, not a measurement: cuBLASLt's sums (tiles, split-K) differ
        from the CPU's more than the CPU's differ from PyTorch's, and a legitimate tie
-       rejected on a lent GPU would cost a rerun. It is not free: every loss after a tie
+       rejected on a GPU machine would cost a rerun. It is not free: every loss after a tie
        goes unchecked. But it can only accept swapped columns whose REFERENCE scores are
        that close to the boundary, and in the fixed cases the narrowest boundary gap is
-       1.25e-4 (zf_c, measured 2026-12-02), so there it accepts no tie at all; only random
+       1.25e-4 (zf_c, measured), so there it accepts no tie at all; only random
        cases, whose scores can tie, can end early, and the log says NEAR-TIE when they do.)
      - exact invariants (bitwise losses and final parameters) on the first zenflow case:
        -zo adamw == plain AdamW (gpt2_update); zenflow with U = 1, overlap off and S = 2
@@ -65,7 +65,7 @@ Any failure makes the exit code 1. The last line is "test_gpt2cu: N passed, M fa
 #include <string>
 #include <vector>
 
-#include "dev/test_common.h"
+#include "dev/test/test_common.h"
 
 static double relative_error(const float* ours, const float* ref, size_t n) {
     double max_abs, max_ref;
@@ -450,7 +450,7 @@ int main(int argc, char* argv[]) {
         return 0;
     }
     if (argc < 2) {
-        fprintf(stderr, "usage: %s <case dir> [<case dir> ...] (see scripts/make_test_refs.sh)\n", argv[0]);
+        fprintf(stderr, "usage: %s <case dir> [<case dir> ...] (see dev/test/make_refs.sh)\n", argv[0]);
         return 2;
     }
     cudaDeviceProp prop = cuda_init_device();

@@ -27,23 +27,23 @@ Suites (what "the tests named" means), each a subset of make test:
          against the PyTorch reference of the spec, bit for bit where the spec says so)
   async  zenflow_async (the CUDA backend's copy protocol on a stand-in device with copies as
          late or early as CUDA allows, random updater delays, held-back window updates)
-  resume scripts/test_resume.py with the CPU trainer (checkpoints mid-window, 6 kills as in
+  resume dev/test/test_resume.py with the CPU trainer (checkpoints mid-window, 6 kills as in
          make test)
   emu    the CUDA test (test_gpt2cu) on the CPU emulator, stream schedule lazy, on the plain
          case and the zenflow cases zf_a (U 4), zf_c (k 0.5, warm-up), zf_f (auto U)
   copies the same with the copy streams lazy and the compute stream eager (zf_c)
   reverse the same, eager, with blocks, warps and lanes run in the opposite order (tiny, zf_a)
-  pcie   scripts/test_pcie_bytes.py (every mode's counted copy bytes against the shapes, the
+  pcie   dev/test/test_pcie_bytes.py (every mode's counted copy bytes against the shapes, the
          optimizer memory, the stall's bookkeeping)
-  bad    scripts/test_bad_input.py with the CPU trainer (broken files and flags)
-  eval   scripts/test_eval.py with the CPU trainer and the CUDA trainer on the emulator (the
+  bad    dev/test/test_bad_input.py with the CPU trainer (broken files and flags)
+  eval   dev/test/test_eval.py with the CPU trainer and the CUDA trainer on the emulator (the
          val loss and the generated tokens against PyTorch, the tokenizer a run keeps, resume)
-  bits   scripts/test_same_bits.py: the CPU trainer built for 4-, 8- and the native vector width
+  bits   dev/test/test_same_bits.py: the CPU trainer built for 4-, 8- and the native vector width
          trains to the same bits
-  race   scripts/test_races.sh: the CUDA test (tiny) and trainer (offload, zenflow) built with
+  race   dev/test/test_races.sh: the CUDA test (tiny) and trainer (offload, zenflow) built with
          ThreadSanitizer on the emulator, schedule eager (no number depends on a missing wait
          there): fails on any race TSan sees between warps, blocks, streams and host threads
-  random scripts/test_random_cases.py, CPU tests only (test_gpt2cpu, test_zenflow): 24 cases of
+  random dev/test/test_random_cases.py, CPU tests only (test_gpt2cpu, test_zenflow): 24 cases of
          random shapes, C and B*T off the multiples of 16 and 8 the fixed cases all have
 """
 import argparse
@@ -65,22 +65,22 @@ SUITES = {
     "cpu": (["test_zenflow", "test_gpt2cpu", "test_cpu_adam"],
             [f"./test_zenflow {ZF_ALL}", f"./test_gpt2cpu {REFS}/tiny", "./test_cpu_adam"]),
     "async": (["zenflow_async"], [f"./zenflow_async {REFS}/zf_a {REFS}/zf_b {REFS}/zf_c {REFS}/zf_f"]),
-    "resume": (["train_gpt2cpu"], [f"{PY} scripts/test_resume.py ./train_gpt2cpu {REFS}/tiny --kills 6"]),
+    "resume": (["train_gpt2cpu"], [f"{PY} dev/test/test_resume.py ./train_gpt2cpu {REFS}/tiny --kills 6"]),
     "emu": (["build/emu/test_gpt2cu"],
             [f"env EMU_SCHEDULE=lazy ./build/emu/test_gpt2cu {REFS}/tiny {REFS}/zf_a {REFS}/zf_c {REFS}/zf_f"]),
     "copies": (["build/emu/test_gpt2cu"], [f"env EMU_SCHEDULE=lazy_copies ./build/emu/test_gpt2cu {REFS}/zf_c"]),
     "reverse": (["build/emu/test_gpt2cu"],
                 [f"env EMU_SCHEDULE=eager EMU_REVERSE=1 ./build/emu/test_gpt2cu {REFS}/tiny {REFS}/zf_a"]),
-    "pcie": (["build/emu/train_gpt2cu"], [f"{PY} scripts/test_pcie_bytes.py build/emu/train_gpt2cu --emulated-gpu"]),
-    "bad": (["train_gpt2cpu"], [f"{PY} scripts/test_bad_input.py ./train_gpt2cpu"]),
+    "pcie": (["build/emu/train_gpt2cu"], [f"{PY} dev/test/test_pcie_bytes.py build/emu/train_gpt2cu --emulated-gpu"]),
+    "bad": (["train_gpt2cpu"], [f"{PY} dev/test/test_bad_input.py ./train_gpt2cpu"]),
     "eval": (["train_gpt2cpu", "build/emu/train_gpt2cu"],
-             [f"{PY} scripts/test_eval.py ./train_gpt2cpu {REFS}/tiny",
-              f"{PY} scripts/test_eval.py build/emu/train_gpt2cu {REFS}/tiny"]),
+             [f"{PY} dev/test/test_eval.py ./train_gpt2cpu {REFS}/tiny",
+              f"{PY} dev/test/test_eval.py build/emu/train_gpt2cu {REFS}/tiny"]),
     "bits": (["train_gpt2cpu", "build/arch/train_gpt2cpu_x86-64-v2", "build/arch/train_gpt2cpu_x86-64-v3"],
-             [f"{PY} scripts/test_same_bits.py {REFS}/tiny ./train_gpt2cpu build/arch/train_gpt2cpu_x86-64-v2 "
+             [f"{PY} dev/test/test_same_bits.py {REFS}/tiny ./train_gpt2cpu build/arch/train_gpt2cpu_x86-64-v2 "
               "build/arch/train_gpt2cpu_x86-64-v3"]),
-    "race": (["build/emu/test_gpt2cu_tsan", "build/emu/train_gpt2cu_tsan"], ["bash scripts/test_races.sh"]),
-    "random": (["test_gpt2cpu", "test_zenflow"], [f"{PY} scripts/test_random_cases.py --count 24 --seed 1"]),
+    "race": (["build/emu/test_gpt2cu_tsan", "build/emu/train_gpt2cu_tsan"], ["bash dev/test/test_races.sh"]),
+    "random": (["test_gpt2cpu", "test_zenflow"], [f"{PY} dev/test/test_random_cases.py --count 24 --seed 1"]),
 }
 
 # id, file, old text (must occur exactly once), new text, the bug it stands for, suites.
@@ -208,7 +208,7 @@ MUTANTS = [
     ("M3", "zenflow.h", "int outermost = begin ? zf->host_block_depth++ == 0 : --zf->host_block_depth == 0;",
      "int outermost = 1;",
      "the stall's intervals do not nest: the drain inside a selection ends the selection's interval", ["pcie"]),
-    ("Q1", "dev/test_common.h", "int near = a.cols.size() == n && sa.size() == n && sa != sr && r.scores.size() > 0;",
+    ("Q1", "dev/test/test_common.h", "int near = a.cols.size() == n && sa.size() == n && sa != sr && r.scores.size() > 0;",
      "int near = a.cols.size() == n && r.scores.size() > 0;",
      "the tests' selection checker takes a column listed twice, or the right columns out of order, for a near-tie "
      "(and stops comparing the losses there)", ["cpu"]),
@@ -252,7 +252,7 @@ MUTANTS = [
 #pragma omp simd reduction(+ : s)
     for (int i = 0; i < C; i++) { s += x[i] * w[i]; }
     return s;"""],
-     "the matmul's dot products leave their order to the vector width (omp simd reduction, as before 2026-12-01)",
+     "the matmul's dot products leave their order to the vector width (an omp simd reduction)",
      ["bits"]),
     ("X2", "dev/train_gpt2.cpp",
      "for (int l = 0; l < ni; l++) { acc[j][l] = dweight[(size_t)(o0 + j) * C + i0 + l]; }",

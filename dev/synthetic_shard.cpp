@@ -1,7 +1,7 @@
 /*
 synthetic_shard <path> <tokens> <seed>: a token shard (llm.c's format) of uniformly random
 ids below GPT-2's 50257, for benchmarks on machines without the prepared data and without a
-network (scripts/gpu_check.sh, scripts/bench_zenflow.sh). Seeded: same arguments, same file.
+network (dev/gpu_check.sh, scripts/bench_zenflow.sh). Seeded: same arguments, same file.
 */
 #include "../llmc/dataloader.h"
 #include "../llmc/utils.h"

@@ -1143,7 +1143,7 @@ int main(int argc, char* argv[]) {
     }
     FILE* scores_file = args.scores_path != NULL ? scores_open(args.scores_path, &zf) : NULL;
     // the sampler's xorshift state is the seed itself, as in llm.c (whose trainers start it at
-    // 1337): samples of a model draw the same coins here and there (scripts/test_llmc_cpu.py)
+    // 1337): samples of a model draw the same coins here and there (dev/test/test_llmc_cpu.py)
     uint64_t rng = (uint64_t)seed;
     const OptimizerState zf_state = {&zf, zf_save_state, zf_load_state};  // llmc/checkpoint.h
     if (start_step >= 0) {

@@ -118,7 +118,7 @@ static inline FILE* atomic_write_open(const char* path, char* tmp_path, size_t t
 }
 
 static inline void atomic_write_commit(FILE* fp, const char* tmp_path, const char* path) {
-    // the kill test: SIGKILL in the n-th write, before all of it has reached the file (what a
+    // the kill test (dev/test/test_resume.py): SIGKILL in the n-th write, before all of it has reached the file (what a
     // power cut or the OOM killer may do at that moment, made certain)
     static int writes = 0;
     if (debug_fail_at("DEBUG_KILL_IN_WRITE", ++writes)) { raise(SIGKILL); }

@@ -14,7 +14,7 @@ Usage: /usr/bin/python3 scripts/bench_cpu_adam.py [--bin ./bench_cpu_adam] [--n 
        [--reps 7] [--no-check] [--no-torch] [--topk 0.1] [--u 4] [--window-n 134217728]
 The C++ side is dev/bench_cpu_adam.cpp (build it first, see its header). Needs torch
 (Debian's python3-torch 1.13 works) for the check and the torch rows; --no-torch leaves
-both out (on a machine whose python has no torch, e.g. in scripts/gpu_check.sh).
+both out (on a machine whose python has no torch, e.g. in dev/gpu_check.sh).
 """
 import argparse
 import os

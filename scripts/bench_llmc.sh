@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 4's speed target, measured side by side in one run: our CUDA trainer (train_gpt2cu,
+# The CUDA trainer's speed target, measured side by side in one run: our CUDA trainer (train_gpt2cu,
 # -zo adamw) against llm.c's fp32 trainer (train_gpt2_fp32.cu, which scripts/get_llmc.sh
 # fetches into build/llmc_ref) on the same GPU, the same model file (the GPT-2 124M shape,
 # d12, random init by dev/bench_model.cpp), the same data, T = 1024, B = 4 and 16, TF32 on

@@ -16,7 +16,7 @@ same training, each program built the way its own project builds it.
 - the same model file (random init by dev/bench_model.cpp: d4c256h4 is `make run`'s model,
   16 M parameters, d12 the GPT-2 124M shape), llm.c's fixed settings (B = 4, T = 64,
   AdamW at lr 1e-4, the val loss of 5 batches every 10 steps), all cores, and the same data
-  as scripts/test_llmc_cpu.py (its helpers set the run up: beta2 0.95 in llm.c's copy, and a
+  as dev/test/test_llmc_cpu.py (its helpers set the run up: beta2 0.95 in llm.c's copy, and a
   train shard of one batch, so both train on the same tokens).
 - both time the same span of each step: the next batch, forward, zeroing the gradients,
   backward, AdamW. ms/step is the median over steps 3 and later: the first ones touch the
@@ -37,7 +37,9 @@ import statistics
 import sys
 import tempfile
 
-import test_llmc_cpu as llmc  # scripts/: llm.c's copy, the run directory, both programs' output
+# dev/test/test_llmc_cpu.py: llm.c's copy, the run directory, both programs' output
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "dev", "test"))
+import test_llmc_cpu as llmc  # noqa: E402
 
 SKIP = 2  # warm-up steps left out of the median
 

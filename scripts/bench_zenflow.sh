@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# ZenFlow's numbers (issue 5): the CUDA trainer in its three optimizer modes, side by side,
+# ZenFlow's numbers: the CUDA trainer in its three optimizer modes, side by side,
 # on GPT-2 d12 / d24 / d36 / d48 (124M .. 1.5B), B = 4, T = 1024, TF32 on:
 #
 #   bash scripts/bench_zenflow.sh [--quick] [--bin PATH] [--out DIR] [--budget SECONDS]
 #                                 [--models "d12 d48"] [--modes "adamw offload"] [--warmup N] [--steps N]
 #
 #   --quick     d12 and d48 only, the four main modes, 8 measured steps (what
-#               scripts/gpu_check.sh runs)
+#               dev/gpu_check.sh runs)
 #   --modes     which modes (default: all seven below)
 #   --bin       the trainer (default ./train_gpt2cu)
 #   --out       logs, models, data, results (default build/bench_zenflow)

@@ -1,12 +1,14 @@
 """
 Where the data-prep inputs come from, and how token shards are written.
 
-Inputs (names relative to a data directory, the layout of ../shared/data):
+Inputs (names relative to a data directory):
     tinyshakespeare.txt, gpt2/encoder.json, gpt2/vocab.bpe
 Lookup for each input, first match wins:
     1. --data-dir DIR given: DIR/<name>, nothing else (no download), so a test can point
        the scripts at a fake directory;
-    2. <repo>/../shared/data/<name> (every developer and CI machine has it);
+    2. $DATA_MIRROR_DIR/<name>, where the environment variable DATA_MIRROR_DIR names a
+       folder with copies of the data files, checked by sha256 like a download (for a
+       machine without network);
     3. <repo>/data/downloads/<name>, downloaded from the public source if missing.
 Every input is checked against the sha256 pinned below, wherever it came from. Problems
 are reported as one line, `error: <path>: <what is wrong> (hint: ...)`, and exit code 1.
@@ -25,10 +27,10 @@ from pathlib import Path
 import numpy as np
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-SHARED_DATA_DIR = REPO_ROOT.parent / "shared" / "data"
 DOWNLOAD_DIR = REPO_ROOT / "data" / "downloads"
+MIRROR_VAR = "DATA_MIRROR_DIR"
 
-# name -> (public source, sha256); the hashes are those in ../shared/data/README.md
+# name -> (public source, sha256): the sha256 of the public originals
 INPUTS = {
     "tinyshakespeare.txt": (
         "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt",
@@ -81,10 +83,16 @@ def _download(url, path):
             data = resp.read()
     except OSError as e:  # URLError, HTTPError and timeouts are all OSErrors
         raise InputError(path, f"download from {url} failed: {e}",
-                         f"without network, copy the file there by hand, or pass --data-dir "
-                         f"to a directory laid out like {SHARED_DATA_DIR}")
+                         f"without network, copy the file there by hand, or set {MIRROR_VAR} "
+                         f"to a folder that holds {', '.join(INPUTS)}")
     write_atomic(tmp, data)  # the hash is checked before the final rename below
     return tmp
+
+
+def mirror_dir():
+    """The folder named by $DATA_MIRROR_DIR, or None when it is unset or empty."""
+    d = os.environ.get(MIRROR_VAR)
+    return Path(d) if d else None
 
 
 def input_path(name, data_dir=None):
@@ -94,11 +102,11 @@ def input_path(name, data_dir=None):
         path = Path(data_dir) / name
         if not path.is_file():
             raise InputError(path, "missing input file",
-                             f"--data-dir must hold {', '.join(INPUTS)}, laid out like "
-                             f"{SHARED_DATA_DIR}; leave --data-dir out to use the defaults")
+                             f"--data-dir must hold {', '.join(INPUTS)}; leave --data-dir "
+                             f"out to use the defaults")
         fresh = None
-    elif (SHARED_DATA_DIR / name).is_file():
-        path, fresh = SHARED_DATA_DIR / name, None
+    elif mirror_dir() is not None and (mirror_dir() / name).is_file():
+        path, fresh = mirror_dir() / name, None
     else:
         path = DOWNLOAD_DIR / name
         fresh = None if path.is_file() else _download(url, path)

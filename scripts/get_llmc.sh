@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Fetches the baseline that issue 4's speed target names, llm.c's fp32 CUDA trainer
+# Fetches the baseline that the CUDA trainer's speed target names, llm.c's fp32 CUDA trainer
 # (train_gpt2_fp32.cu: "tok/s at least llm.c's fp32 trainer's on the same GPU and config"),
 # into build/llmc_ref, where scripts/bench_llmc.sh builds and runs it next to ours; and
-# llm.c's CPU programs train_gpt2.c and test_gpt2.c, which scripts/test_llmc_cpu.py runs on
+# llm.c's CPU programs train_gpt2.c and test_gpt2.c, which dev/test/test_llmc_cpu.py runs on
 # our files.
 #
 #   bash scripts/get_llmc.sh [GIT_DIR]
@@ -14,7 +14,7 @@
 set -u
 cd "$(dirname "$0")/.." || exit 2
 URL=https://github.com/karpathy/llm.c
-COMMIT=f1e2ace651495b74ae22d45d1723443fd00ecd3a  # master of 2025-05-10 (pull request #801)
+COMMIT=f1e2ace651495b74ae22d45d1723443fd00ecd3a  # a commit of llm.c's master branch
 DEST=build/llmc_ref
 FILES="train_gpt2_fp32.cu train_gpt2.c test_gpt2.c llmc LICENSE"
 

@@ -7,7 +7,7 @@ GPT-2 decode tokenizer file. Outputs (under --out, default <repo>/data):
 
 The split is the one of llm.c's dev/data/tinyshakespeare.py, so the shards are
 byte-identical to llm.c's (dev/test/tokenizer_cases.json pins their sha256, computed
-with tiktoken by scripts/make_tokenizer_fixture.py). llm.c treats every paragraph of
+with tiktoken by dev/test/make_tokenizer_fixture.py). llm.c treats every paragraph of
 the dialogue as a separate document:
     text = "<|endoftext|>" + text
     text = text.replace("\n\n", "\n\n<|endoftext|>")
@@ -18,7 +18,7 @@ every section emit the eot id (50256), then the encoding of the section followed
 and each section's trailing "\n\n" sits before the next eot. The first 32,768 tokens
 (about 10%) are the validation split, the rest the training split.
 
-Inputs come from ../shared/data or are downloaded (see data_files.py), sha256-checked.
+Inputs come from $DATA_MIRROR_DIR or are downloaded (see data_files.py), sha256-checked.
 If all outputs are newer than the inputs and these scripts, nothing is redone.
 """
 
@@ -52,7 +52,8 @@ def main():
     parser.add_argument("--out", default=str(data_files.REPO_ROOT / "data"),
                         help="output directory (default: <repo>/data)")
     parser.add_argument("--data-dir", default=None,
-                        help="take the inputs only from this directory (layout of ../shared/data)")
+                        help="take the inputs only from this directory (tinyshakespeare.txt, "
+                             "gpt2/encoder.json, gpt2/vocab.bpe)")
     parser.add_argument("--force", action="store_true", help="rebuild even if up to date")
     args = parser.parse_args()
 

@@ -1,5 +1,5 @@
 /*
-zenflow.h's side of issue 5, checked on the CPU (no GPU needed): the asynchronous copies of
+zenflow.h's side of the GPU backend, checked on the CPU (no GPU needed): the asynchronous copies of
 the CUDA backend and the GPU accumulation (-za gpu), run by the CPU trainer.
 
 The CUDA backend's copies between host and device are still in flight when a primitive
@@ -40,7 +40,7 @@ early differ, and differ from the plain CPU backend. Checks:
 #include <mutex>
 #include <thread>
 
-#include "../test_common.h"
+#include "../test/test_common.h"
 
 // ----------------------------------------------------------------------------
 // a CPU device whose copies land late (or early)
@@ -339,7 +339,7 @@ static void test_case(const char* dir) {
                 REPORT_WIDTH);
     char path[4096];
     snprintf(path, sizeof(path), "%s/selections.txt", dir);
-    // against the reference as dev/test_zenflow.cpp compares: near-ties within 1e-5 of the
+    // against the reference as dev/test/test_zenflow.cpp compares: near-ties within 1e-5 of the
     // boundary score are reported, and losses are compared up to the first one (tie_step)
     int tie_step, events;
     int ok = compare_selections(read_selections(sel_path), read_selections(path), 1e-5, "    ", &tie_step, &events);
@@ -515,7 +515,7 @@ static void test_never_waits_inside_a_window(const char* dir) {
 
 int main(int argc, char* argv[]) {
     if (argc < 2) {
-        fprintf(stderr, "usage: %s <zenflow case dir> [...] (dev/test/ref/zf_*, see scripts/make_test_refs.sh)\n",
+        fprintf(stderr, "usage: %s <zenflow case dir> [...] (dev/test/ref/zf_*, see dev/test/make_refs.sh)\n",
                 argv[0]);
         return 2;
     }

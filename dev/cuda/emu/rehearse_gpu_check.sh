@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Rehearses scripts/gpu_check.sh on the CPU emulator, every stage, so that a broken stage is
-# found before a GPU is lent (make test's dry run, row gpu_check_script, stops at the first
-# stage that needs a device, and a lent GPU has 15 minutes for everything):
+# Rehearses dev/gpu_check.sh on the CPU emulator, every stage, so that a broken stage is
+# found before a GPU machine runs it (make test's dry run, row gpu_check_script, stops at the
+# first stage that needs a device, and a GPU machine's minutes are few):
 #
 #   make gpu_rehearsal, or: make emu refs && bash dev/cuda/emu/rehearse_gpu_check.sh [<logdir>]
 #   (5 to 7 minutes on 2 cores)
@@ -80,9 +80,9 @@ rm -rf "$BUILD_DIR"
 rm -f "$LOGDIR/summary.md" "$LOGDIR.out/summary.md" "$LOGDIR.out/gpu_check_logs.tar.gz"
 # ZF_SKIP_BENCHMARKS: dev/cuda's programs validate only (emulated timings mean nothing).
 # GPU_CHECK_BUDGET_S: 2 minutes more than on a GPU, because every stage must run here and
-# the emulator is slower (at 300 s the last two stages were left out of time, 2026-12-01)
+# the emulator is slower (at 300 s the last two stages were left out of time)
 PATH="$BIN:$PATH" NVCC=nvcc GPU_CHECK_BUILD=$BUILD_DIR ZF_SKIP_BENCHMARKS=1 GPU_CHECK_BUDGET_S=420 \
-    bash scripts/gpu_check.sh "$LOGDIR" --out "$LOGDIR.out"
+    bash dev/gpu_check.sh "$LOGDIR" --out "$LOGDIR.out"
 echo
 # the rows that are not PASS, each either expected here or a failure of the rehearsal
 awk -F'|' '

@@ -3,7 +3,7 @@
 The timeline (-tr) of a trainer: a Chrome trace-event file with the structure docs/teaching.md
 describes, for exactly the steps asked for.
 
-    /usr/bin/python3 scripts/test_trace.py <trainer> <case dir>
+    /usr/bin/python3 dev/test/test_trace.py <trainer> <case dir>
 
 Runs the trainer (./train_gpt2cpu, or the CUDA trainer: without a GPU build/emu/train_gpt2cu)
 in zenflow mode with overlap for 8 steps, tracing steps 3..6 (-tf 3 -tn 4), and checks:

@@ -3,7 +3,7 @@
 What a run reports besides its training losses, checked against PyTorch
 (scripts/gpt2_reference.py): the val loss (-v, -m) and the generated text (-s, -g).
 
-    /usr/bin/python3 scripts/test_eval.py <trainer> <case dir>
+    /usr/bin/python3 dev/test/test_eval.py <trainer> <case dir>
 
 For each mode the trainer trains the case for 4 steps, evaluates and samples after steps 2
 and 4 (-v 2, -s 2; the val loss also at step 0) and writes a checkpoint at the same steps
@@ -50,7 +50,7 @@ import tempfile
 import numpy as np
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts"))
 import gpt2_reference as ref  # noqa: E402
 
 STEPS, EVERY, GEN, SEED = 4, 2, 40, 1337

@@ -2,7 +2,7 @@
 """
 Self-checks of the ZenFlow PyTorch reference (scripts/zenflow_reference.py).
 
-    /usr/bin/python3 scripts/test_zenflow_reference.py
+    /usr/bin/python3 dev/test/test_zenflow_reference.py
 
 Prints one line per check and `zenflow_reference: N passed, M failed`; exits 1 if any
 failed. Runs on the CPU in a temporary directory, on a tiny model (L=2, C=32, NH=2, V=97,
@@ -20,13 +20,13 @@ import traceback
 import numpy as np
 import torch
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
+SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts")
+sys.path.insert(0, SCRIPTS)
 import gpt2_reference as ref  # noqa: E402
 import zenflow_reference as zr  # noqa: E402
 
-REF_SCRIPT = os.path.join(HERE, "gpt2_reference.py")
-ZF_SCRIPT = os.path.join(HERE, "zenflow_reference.py")
+REF_SCRIPT = os.path.join(SCRIPTS, "gpt2_reference.py")
+ZF_SCRIPT = os.path.join(SCRIPTS, "zenflow_reference.py")
 TMP = tempfile.mkdtemp(prefix="test_zenflow_reference_")
 MODEL, DATA = os.path.join(TMP, "model.bin"), os.path.join(TMP, "data.bin")
 B, T, STEPS, LR, WD = 2, 16, 12, 1e-3, 0.1

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """
 scripts/bench_llmc.sh without a GPU: the side-by-side benchmark against llm.c's fp32 trainer
-runs only on a lent GPU, whose minutes are too scarce to find a broken script there. So
+runs only on a GPU machine, whose minutes are too scarce to find a broken script there. So
 this runs it with stand-ins, and checks what it does with them:
   - our trainer: the CPU emulator's build/emu/train_gpt2cu on a small model (its times mean
     nothing; the script must find them: the median of steps >= 3 of its log, computed here
@@ -11,7 +11,7 @@ this runs it with stand-ins, and checks what it does with them:
     asked) and then prints llm.c's own lines (the printf formats of train_gpt2_fp32.cu at the
     commit scripts/get_llmc.sh pins) with step times whose median of steps >= 3 is 105 ms.
 
-    /usr/bin/python3 scripts/test_bench_llmc.py build/emu/train_gpt2cu
+    /usr/bin/python3 dev/test/test_bench_llmc.py build/emu/train_gpt2cu
 """
 import os
 import re

@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """
-PCIe bytes per step of each optimizer mode (issue 5's target: within 2% of spec section 7's
+PCIe bytes per step of each optimizer mode (the target: within 2% of spec section 7's
 formula), checked without a GPU: scripts/bench_zenflow.sh runs a CUDA trainer on a small
 model and reports the bytes its ZenFlow backend handed to the copy engines per step
 (zenflow.cuh counts each cudaMemcpyAsync); this script computes the same numbers from the
@@ -10,8 +10,8 @@ model's shapes alone and compares:
             CPU-owned part down every step and up once per window of U; zenflow-gpu down and
             up once per window. Must agree to the byte (up to the table's rounding).
   formula:  spec 7's approximation with k itself (offload 2 x 4M, zenflow-cpu (1-k) 4M
-            (1 + 1/U), zenflow-gpu 2 (1-k) 4M / U): within 2%, as issue 5 asks.
-And the GPU's optimizer state (the trainer's memory table; issue 5: "about k of adamw's"):
+            (1 + 1/U), zenflow-gpu 2 (1-k) 4M / U): within 2%, the target.
+And the GPU's optimizer state (the trainer's memory table; the target: about k of adamw's):
 m and v of every vector and of the selected columns, against the shapes (to the table's
 0.1 MiB), with its fraction of adamw's printed.
 And the benchmark's retry past the host-memory check (check_retry below).
@@ -23,7 +23,7 @@ that selects and migrates (stall >= its select ms; check_selection_stall). (On a
 clocks differ and the GPU may still be busy when the CPU starts, so these exact bounds are
 not checked.)
 
-    /usr/bin/python3 scripts/test_pcie_bytes.py <trainer> [--model d2c64h2] [--emulated-gpu]
+    /usr/bin/python3 dev/test/test_pcie_bytes.py <trainer> [--model d2c64h2] [--emulated-gpu]
 
 <trainer>: build/emu/train_gpt2cu (the CPU emulator of the CUDA code, what make test uses) or
 ./train_gpt2cu on a GPU. Its step times mean nothing here; only the byte counts are checked.

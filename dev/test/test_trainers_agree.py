@@ -6,7 +6,7 @@ by step and in every mode. (Each trainer's numbers are checked against PyTorch b
 test; this checks the parts those tests do not run: the main loop, the data loader, the
 validation and the step lines of the real binaries.)
 
-    /usr/bin/python3 scripts/test_trainers_agree.py ./train_gpt2cpu <cuda trainer> <case dir>
+    /usr/bin/python3 dev/test/test_trainers_agree.py ./train_gpt2cpu <cuda trainer> <case dir>
 
 Without a GPU the CUDA trainer is build/emu/train_gpt2cu, the CUDA source on the CPU
 emulator (dev/cuda/emu). TF32 is off (-f 0). Tolerance: 2e-5 absolute per logged loss, the

@@ -7,7 +7,7 @@
 # wait for. Eager schedule: every operation runs when issued, so the numbers cannot hide a
 # missing wait, and TSan must see it by itself.
 #
-#   bash scripts/test_races.sh            (make builds the two binaries: make emu)
+#   bash dev/test/test_races.sh            (make builds the two binaries: make emu)
 #
 # 1. test_gpt2cu on the tiny case: every kernel of the trainer, forward and backward, and
 #    the AdamW trajectory;
@@ -18,7 +18,7 @@
 # About a minute and a half on 2 cores (TSan and the emulator: ~12x slower than the plain
 # emulator).
 set -u
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 # random delays around the CPU threads' jobs (0..3 ms): a job still running when the main thread
 # goes on shows its missing wait, where without them it would often have finished first
 export EMU_SCHEDULE=eager TSAN_OPTIONS="halt_on_error=1 ${TSAN_OPTIONS:-}" ZF_WORKER_DELAY_US=3000

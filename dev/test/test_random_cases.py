@@ -4,7 +4,7 @@ Random cases: the trainers against the PyTorch references on shapes and settings
 random. The fixed cases of dev/test/ref share two shapes and seven ZenFlow settings; this
 test draws new ones, the edges included, and checks them with the same test programs.
 
-    /usr/bin/python3 scripts/test_random_cases.py [--count N] [--seed S] [--only I,J]
+    /usr/bin/python3 dev/test/test_random_cases.py [--count N] [--seed S] [--only I,J]
         [--cuda-test build/emu/test_gpt2cu] [--trainer ./train_gpt2cpu ...] [--no-cpu-tests]
         [--keep DIR] [--logs DIR]
 
@@ -31,9 +31,9 @@ too: its logged losses must be the reference's (2e-5); without the val losses, s
 checkpoints and on another number of threads, it must log the same losses and end in the
 same model file, byte for byte; and resumed from one of its checkpoints, too
 (check_trainer). --no-cpu-tests leaves out
-test_gpt2cpu and test_zenflow (scripts/gpu_check.sh: the CUDA test and trainer on a GPU).
+test_gpt2cpu and test_zenflow (dev/gpu_check.sh: the CUDA test and trainer on a GPU).
 The references come from scripts/gpt2_reference.py and scripts/zenflow_reference.py, as
-make_test_refs.sh writes the fixed cases.
+make_refs.sh writes the fixed cases.
 
 Two limits keep every comparison a test of the code, not of how well the problem is
 conditioned (both found by this test's first runs):
@@ -47,7 +47,7 @@ conditioned (both found by this test's first runs):
 
 `make test` runs 24 cases of seed 1 with all of these (under a minute on 2 cores). To hunt
 for more (about a second a case):
-    /usr/bin/python3 scripts/test_random_cases.py --count 400 --seed $RANDOM --cuda-test build/emu/test_gpt2cu \
+    /usr/bin/python3 dev/test/test_random_cases.py --count 400 --seed $RANDOM --cuda-test build/emu/test_gpt2cu \
         --trainer ./train_gpt2cpu --trainer build/emu/train_gpt2cu
 A failing case is named with the command that makes it again; its folder is kept (--keep
 keeps every folder).
@@ -69,8 +69,8 @@ import sys
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-sys.path.insert(0, HERE)
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
 import gpt2_reference as ref  # noqa: E402
 import zenflow_reference as zr  # noqa: E402
 from test_resume import losses as trainer_losses  # noqa: E402  main.log: {step: loss text}
@@ -126,7 +126,7 @@ def quiet(fn, argv):
 
 
 def write_case(d, c):
-    """The case folder, in make_test_refs.sh's format (see dev/test_gpt2.cpp, dev/test_zenflow.cpp)."""
+    """The case folder, in make_refs.sh's format (see dev/test/test_gpt2.cpp, dev/test/test_zenflow.cpp)."""
     os.makedirs(d)
     model, data = os.path.join(d, "model.bin"), os.path.join(d, "train.bin")
     quiet(ref.main, ["init", "--out", model, "--layers", str(c["L"]), "--channels", str(c["C"]),
@@ -321,7 +321,7 @@ def main():
         again = "".join([" --no-cpu-tests" if args.no_cpu_tests else ""]
                         + [f" --cuda-test {args.cuda_test}" if args.cuda_test else ""]
                         + [f" --trainer {t}" for t in args.trainer])
-        print(f"FAIL case {i}: {describe(c)}\n  again: /usr/bin/python3 scripts/test_random_cases.py "
+        print(f"FAIL case {i}: {describe(c)}\n  again: /usr/bin/python3 dev/test/test_random_cases.py "
               f"--seed {args.seed} --only {i}{again} (folder {d})")
     if ok and not args.keep:
         shutil.rmtree(root)

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """
-Clean failure (issue 7): a trainer that must stop, stops with one line that says why, a
+Clean failure: a trainer that must stop, stops with one line that says why, a
 non-zero exit, and nothing lost.
 
-    /usr/bin/python3 scripts/test_failures.py <trainer> <case dir> [--steps N]
+    /usr/bin/python3 dev/test/test_failures.py <trainer> <case dir> [--steps N]
 
 <trainer> is ./train_gpt2cpu or a CUDA trainer (without a GPU: build/emu/train_gpt2cu, the
 CUDA source on the CPU emulator). The case dir is a test reference (dev/test/ref/tiny).

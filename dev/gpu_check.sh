@@ -1,26 +1,25 @@
 #!/usr/bin/env bash
-# The one script a lent GPU (an H200) runs for the CUDA trainer (issue 4) and ZenFlow on the
-# GPU (issue 5):
+# The one script a GPU machine (an H200) runs for the CUDA trainer and ZenFlow on the GPU:
 #
-#   bash scripts/gpu_check.sh <logdir> [--out <dir>] [--only "<stages>"]
+#   bash dev/gpu_check.sh <logdir> [--out <dir>] [--only "<stages>"]
 #
 # --out: also write the two files a remote run must bring back into <dir>, summary.md and
-# gpu_check_logs.tar.gz (every log of <logdir>): the device tool returns at most 8 files from
-# its $OUT, and this script writes dozens of logs. On a lent GPU:
-#   bash scripts/gpu_check.sh /tmp/gpu_check --out $OUT
-# --only: run just these stages after the builds (a second run on the same lease, for what
+# gpu_check_logs.tar.gz (every log of <logdir>): a remote run brings back only a few files,
+# and this script writes dozens of logs. On a GPU machine:
+#   bash dev/gpu_check.sh /tmp/gpu_check --out $OUT
+# --only: run just these stages after the builds (a second run on the same machine, for what
 # the first one left SKIPPED "out of time"): tests resume devcuda sanitizer llmc host
 # zenflow timeline d12 random, e.g. --only "sanitizer timeline"
 #
 # 1. builds train_gpt2cu, test_gpt2cu and dev/cuda for sm_90 (in parallel, into build/gpu_check)
 # 2. finds the PyTorch reference cases (dev/test/ref/*/state.bin, and the ZenFlow cases
-#    dev/test/ref/zf_*/zenflow.txt; on a lent machine they come as build/gpu_refs, from
+#    dev/test/ref/zf_*/zenflow.txt; on a GPU machine they come as build/gpu_refs, from
 #    `make gpu_refs`, and the 50 MB `vocab` case is made there with PyTorch while step 1
-#    runs); if there are none, tries scripts/make_test_refs.sh (needs a python with torch)
+#    runs); if there are none, tries dev/test/make_refs.sh (needs a python with torch)
 # 3. runs test_gpt2cu on them (TF32 off, strict fp32 tolerances, determinism; ZenFlow in
 #    every mode and both accumulations against the reference, its exact invariants), and
-#    scripts/test_resume.py on train_gpt2cu (checkpoints, resume, SIGKILLs), and
-#    scripts/test_eval.py (its val loss and samples against PyTorch)
+#    dev/test/test_resume.py on train_gpt2cu (checkpoints, resume, SIGKILLs), and
+#    dev/test/test_eval.py (its val loss and samples against PyTorch)
 # 4. runs every dev/cuda program (validation against the CPU references, then timings),
 #    including zenflow (the GPU backend's primitives) and the two CPU-only ZenFlow checks
 #    then compute-sanitizer's memcheck and racecheck over test_gpt2cu on the tiny case
@@ -36,7 +35,7 @@
 #    - the d12 timelines of offload and zenflow (-tr, steps 4..7) for the teaching pictures;
 #    - if time remains, GPT-2 124M (d12, random init, -zo adamw), T=1024: B=4 and B=16 with
 #      TF32, B=4 in fp32, 12 steps each.
-# 6. if time remains, scripts/test_random_cases.py: 12 model shapes and ZenFlow settings
+# 6. if time remains, dev/test/test_random_cases.py: 12 model shapes and ZenFlow settings
 #    drawn at random (C 4..48, odd ones too, T down to 1: shapes no fixed case gives
 #    cuBLASLt), their references made here with PyTorch, through test_gpt2cu and train_gpt2cu
 # Prints a summary table LAST (also $LOGDIR/summary.md); every log is under <logdir>.
@@ -126,8 +125,8 @@ skip_stage() {
 # run_logged LOG TIMEOUT CMD...: runs with a timeout (cut to what is left of HARD_S), all
 # output to LOG; returns the status (124 or 137 when the time ran out). The tests' timeouts
 # are several times what they should need on a GPU (test_gpt2cu: the CPU trainer's tests
-# of the same cases take 4 s here; a dev/cuda program: seconds), so a hang costs the
-# 15-minute lease little
+# of the same cases take 4 s here; a dev/cuda program: seconds), so a hang costs a
+# GPU machine's few minutes little
 run_logged() {
     local log=$1 limit=$2
     shift 2
@@ -158,7 +157,7 @@ timeout_note() {  # a note for a status
     echo "date: $(date -u '+%Y-%m-%d %H:%M:%S UTC')"
     if commit=$(git rev-parse --short HEAD 2>/dev/null); then
         git diff --quiet HEAD 2>/dev/null || commit="$commit (+ uncommitted changes)"
-    elif [ -f build/gpu_refs/COMMIT ]; then  # a lent machine gets the tree without .git
+    elif [ -f build/gpu_refs/COMMIT ]; then  # a GPU machine gets the tree without .git
         commit="$(cat build/gpu_refs/COMMIT) (no git here: build/gpu_refs/COMMIT, written by make gpu_refs)"
     else
         commit="unknown (no git here)"
@@ -184,8 +183,8 @@ DEVICE=${DEVICE:-"no GPU found by nvidia-smi"}
 record "device" INFO "$DEVICE"
 
 # ----------------------------------------------------------------------------
-# the reference cases a lent machine got: `make gpu_refs` packs every case into build/gpu_refs,
-# which fits the device tool's carry limit as one path, but of the 50 MB `vocab` case (GPT-2's
+# the reference cases a GPU machine got: `make gpu_refs` packs every case into build/gpu_refs,
+# one small folder to copy along, but of the 50 MB `vocab` case (GPT-2's
 # real vocabulary) only its train.bin; the rest of it is made here with PyTorch (some 15 s of
 # one core), while the builds run
 REFS=${GPU_CHECK_REFS:-dev/test/ref}  # make test points this elsewhere
@@ -206,7 +205,7 @@ vocab_note=""
 if [ -f "$REFS/vocab/train.bin" ] && [ ! -f "$REFS/vocab/case.txt" ] && in_only tests; then
     if vocab_py=$(torch_python); then
         PYTHON=$vocab_py run_logged "$LOGDIR/make_vocab_case.log" 150 \
-            bash scripts/make_test_refs.sh "$REFS" --only vocab &
+            bash dev/test/make_refs.sh "$REFS" --only vocab &
         vocab_pid=$!
     else
         vocab_note="no python with torch+numpy here to make it"
@@ -297,19 +296,19 @@ if [ ${#CASES[@]} -gt 0 ]; then
     record "test refs" PASS "found: ${CASES[*]} ${ZF_CASES[*]:-(no zenflow cases)}"
 elif out_of_time; then
     record "test refs" SKIPPED "out of time"
-elif [ ! -f scripts/make_test_refs.sh ]; then
-    record "test refs" FAIL "none in $REFS and no scripts/make_test_refs.sh"
+elif [ ! -f dev/test/make_refs.sh ]; then
+    record "test refs" FAIL "none in $REFS and no dev/test/make_refs.sh"
 else
     if ! PY=$(torch_python); then
-        record "test refs" FAIL "none shipped and no python with torch+numpy here (hint: make gpu_refs here, and carry build/gpu_refs)"
+        record "test refs" FAIL "none shipped and no python with torch+numpy here (hint: make gpu_refs here, and copy build/gpu_refs along)"
     else
-        PYTHON=$PY run_logged "$LOGDIR/make_test_refs.log" 150 bash scripts/make_test_refs.sh "$REFS"
+        PYTHON=$PY run_logged "$LOGDIR/make_refs.log" 150 bash dev/test/make_refs.sh "$REFS"
         rc=$?
         find_cases
         if [ $rc -eq 0 ] && [ ${#CASES[@]} -gt 0 ]; then
             record "test refs" PASS "generated here with $PY: ${CASES[*]} ${ZF_CASES[*]:-}"
         else
-            record "test refs" FAIL "make_test_refs.sh with $PY: $(timeout_note $rc); cases written: ${CASES[*]:-none}"
+            record "test refs" FAIL "make_refs.sh with $PY: $(timeout_note $rc); cases written: ${CASES[*]:-none}"
         fi
     fi
 fi
@@ -356,7 +355,7 @@ if skip_stage resume "resume train_gpt2cu" || ! tiny_case_row "resume train_gpt2
 elif ! command -v python3 >/dev/null; then
     record "resume train_gpt2cu" SKIPPED "no python3"
 else
-    run_logged "$LOGDIR/resume_train_gpt2cu.log" 150 python3 scripts/test_resume.py "$BUILD/train_gpt2cu" \
+    run_logged "$LOGDIR/resume_train_gpt2cu.log" 150 python3 dev/test/test_resume.py "$BUILD/train_gpt2cu" \
         "$REFS/tiny" --kills 3
     rc=$?
     record "resume train_gpt2cu" "$(status_word $rc)" "$(tail -1 "$LOGDIR/resume_train_gpt2cu.log") $(timeout_note $rc)"
@@ -367,7 +366,7 @@ if skip_stage resume "eval train_gpt2cu" || ! tiny_case_row "eval train_gpt2cu";
 elif ! eval_py=$(torch_python); then
     record "eval train_gpt2cu" SKIPPED "no python with torch+numpy here"
 else
-    run_logged "$LOGDIR/eval_train_gpt2cu.log" 90 "$eval_py" scripts/test_eval.py "$BUILD/train_gpt2cu" "$REFS/tiny"
+    run_logged "$LOGDIR/eval_train_gpt2cu.log" 90 "$eval_py" dev/test/test_eval.py "$BUILD/train_gpt2cu" "$REFS/tiny"
     rc=$?
     record "eval train_gpt2cu" "$(status_word $rc)" "$(tail -1 "$LOGDIR/eval_train_gpt2cu.log") $(timeout_note $rc)"
 fi
@@ -399,7 +398,7 @@ for p in copy_engines zenflow zenflow_async encoder layernorm attention gelu res
 done
 
 # ----------------------------------------------------------------------------
-# 4b. compute-sanitizer (issue 7): memcheck and racecheck over test_gpt2cu on the tiny case
+# 4b. compute-sanitizer: memcheck and racecheck over test_gpt2cu on the tiny case
 
 SANITIZER=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
 for tool in memcheck racecheck; do
@@ -467,9 +466,9 @@ bench() {  # bench NAME SLUG B TF32 (SLUG names the log file)
         printf "%.1f ms/step  %.0f tok/s  %.1f TFLOP/s", ms, tok / (ms / 1e3), flops / (ms / 1e3) / 1e12 }')
     record "bench $name" PASS "$line (final loss $loss)"
 }
-# issue 4's speed target, side by side: ours against llm.c's fp32 trainer, d12, B = 4 and 16
+# the CUDA trainer's speed target, side by side: ours against llm.c's fp32 trainer, d12, B = 4 and 16
 # (scripts/bench_llmc.sh; llm.c's source is build/llmc_ref, which scripts/get_llmc.sh fetches
-# and the device run carries; without it this says SKIPPED)
+# and a remote run copies along; without it this says SKIPPED)
 LLMC_BENCH_MD=""
 if skip_stage llmc "bench vs llm.c"; then
     :
@@ -500,7 +499,7 @@ else
     fi
 fi
 
-# ZenFlow's CPU side on this host (issue 5): a window's accumulations and AdamW on the
+# ZenFlow's CPU side on this host: a window's accumulations and AdamW on the
 # trainer's two threads, scaled to d12 .. d48; whether the host can keep up with the GPU's
 # steps at all decides the stall before any copy does (scripts/bench_cpu_adam.py)
 HOST_MD=""
@@ -523,7 +522,7 @@ else
     fi
 fi
 
-# ZenFlow (issue 5): the modes side by side, d12 and d48; it stops starting runs in time
+# ZenFlow: the modes side by side, d12 and d48; it stops starting runs in time
 ZF_BENCH_MD=""
 if skip_stage zenflow "bench zenflow"; then
     :
@@ -558,7 +557,7 @@ else
         record "bench zenflow" FAIL "$(timeout_note $rc) (see bench_zenflow.log)"
     fi
 fi
-# timelines for the teaching pictures (issue 6): d12, B=4, T=1024, offload and zenflow, steps
+# timelines for the teaching pictures: d12, B=4, T=1024, offload and zenflow, steps
 # 4..7 traced (-tr); draw them with scripts/plot_timeline.py --trace offload=... --trace zenflow=...
 for mode in offload zenflow; do
     skip_stage timeline "timeline $mode" && continue
@@ -574,7 +573,7 @@ for mode in offload zenflow; do
         record "timeline $mode" FAIL "$(timeout_note $rc): $(tail -1 "$LOGDIR/timeline_$mode.log")"
     fi
 done
-# the CUDA trainer's kernels alone (issue 4), if time remains
+# the CUDA trainer's kernels alone, if time remains
 bench "d12 B=4 TF32" d12_B4_tf32 4 1
 bench "d12 B=16 TF32" d12_B16_tf32 16 1
 bench "d12 B=4 fp32" d12_B4_fp32 4 0
@@ -589,7 +588,7 @@ elif [ $rc_test -ne 0 ]; then
 elif ! random_py=$(torch_python); then
     record "random cases" SKIPPED "no python with torch+numpy here"
 else
-    run_logged "$LOGDIR/random_cases.log" 120 "$random_py" scripts/test_random_cases.py --count 12 --seed 1 \
+    run_logged "$LOGDIR/random_cases.log" 120 "$random_py" dev/test/test_random_cases.py --count 12 --seed 1 \
         --no-cpu-tests --cuda-test "$BUILD/test_gpt2cu" --trainer "$BUILD/train_gpt2cu" --logs "$LOGDIR/random_cases"
     rc=$?
     record "random cases" "$(status_word $rc)" "$(tail -1 "$LOGDIR/random_cases.log") $(timeout_note $rc)"
@@ -600,7 +599,7 @@ fi
 
 failed=0
 {
-    echo "# GPU check, issues 4 and 5 (CUDA trainer, ZenFlow on the GPU)"
+    echo "# GPU check (the CUDA trainer, ZenFlow on the GPU)"
     echo
     sed 's/^/    /' "$LOGDIR/env.log"
     echo
@@ -633,7 +632,7 @@ failed=0
 
 # --out: the summary, and every log in one archive; a log over 4 MiB (a sanitizer reporting
 # every access, say) keeps its first and last MiB, so the archive stays far below the 16 MiB
-# the device tool returns per file
+# a remote run brings back per file
 if [ -n "$PACK_DIR" ]; then
     staging=$(mktemp -d)
     cp -r "$LOGDIR" "$staging/gpu_check"

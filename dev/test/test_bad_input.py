@@ -3,8 +3,8 @@
 Bad input must fail cleanly: one line on stderr that names the file or flag and the
 problem, a non-zero exit, no crash (no signal, no sanitizer report), and nothing written.
 
-    /usr/bin/python3 scripts/test_bad_input.py ./train_gpt2cpu
-    /usr/bin/python3 scripts/test_bad_input.py build/emu/train_gpt2cu --emulated-gpu
+    /usr/bin/python3 dev/test/test_bad_input.py ./train_gpt2cpu
+    /usr/bin/python3 dev/test/test_bad_input.py build/emu/train_gpt2cu --emulated-gpu
 
 --emulated-gpu: the trainer is the CUDA trainer on the CPU emulator (dev/cuda/emu), whose
 device memory can be made small (EMU_DEVICE_MEMORY_MB) and its kernels missing

@@ -2,7 +2,7 @@
 // and the background updater (order, wait/drain, errors, debug delays, destroy).
 // Usage: test_cpu_adam [adam|updater]   (default: both)
 // Prints one line per check and finally "cpu_adam: N passed, M failed"; exit 1 on failure.
-#include "../cpu_adam.h"
+#include "../../cpu_adam.h"
 
 #include <atomic>
 #include <stdarg.h>

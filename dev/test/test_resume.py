@@ -4,7 +4,7 @@ Checkpoints must never change a run: a resumed run ends bit for bit where an uni
 one ends, in every mode, with overlap on, and also when the checkpoint falls in the middle
 of a window with the CPU's update still in flight.
 
-    /usr/bin/python3 scripts/test_resume.py ./train_gpt2cpu <case dir> [--kills N]
+    /usr/bin/python3 dev/test/test_resume.py ./train_gpt2cpu <case dir> [--kills N]
 
 1. resume: for each mode, an uninterrupted run of STEPS steps writing checkpoints every
    CKPT steps, against a run resumed from its first checkpoint (the others deleted). The

@@ -6,7 +6,7 @@ for 4-float vectors (x86-64-v2, SSE), 8 (x86-64-v3, AVX2) and whatever this mach
 What could break it is a sum whose order the compiler picks by the vector width (an
 `omp simd reduction`); dev/train_gpt2.cpp's dot_fixed gives every long sum its own order.
 
-    /usr/bin/python3 scripts/test_same_bits.py <case dir> <native trainer> <other trainer>...
+    /usr/bin/python3 dev/test/test_same_bits.py <case dir> <native trainer> <other trainer>...
 
 Each trainer trains two models for 8 steps in three modes: the case's model (C = 48, B*T =
 64: whole blocks of 8 rows and 8 lanes) and a random init d2c36h3 with B*T = 21 (36 = 4 * 8

@@ -16,7 +16,7 @@ the launchers stay free to change their block size. A kernel that needs more reg
 would have to declare __launch_bounds__(its block) and this check learn each kernel's block;
 none comes near (the most is 36 registers, at the time of writing).
 
-    /usr/bin/python3 scripts/check_launch_resources.py [--nvcc NVCC] [--arch 80 --arch 90] [FILE.cu ...]
+    /usr/bin/python3 dev/cuda/check_launch_resources.py [--nvcc NVCC] [--arch 80 --arch 90] [FILE.cu ...]
 
 FILEs default to train_gpt2.cu (which includes every kernel of the trainer and ZenFlow) and
 each dev/cuda/*.cu that defines a kernel of its own. Exit status 1 if a kernel breaks a limit.

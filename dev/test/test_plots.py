@@ -12,7 +12,7 @@ numbers on constructed examples whose answers are known:
     the modelled PCIe bytes of offload, zenflow and adamw.
 Prints `plots: N passed, M failed` and exits 1 on a failure.
 
-Usage: /usr/bin/python3 scripts/test_plots.py [-v]
+Usage: /usr/bin/python3 dev/test/test_plots.py [-v]
 """
 import importlib.util
 import json
@@ -27,19 +27,20 @@ import traceback
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
+ROOT = os.path.dirname(os.path.dirname(HERE))
+SCRIPTS = os.path.join(ROOT, "scripts")  # the scripts under test
 VERBOSE = "-v" in sys.argv
 
 
 def module(name):
-    spec = importlib.util.spec_from_file_location(name, os.path.join(HERE, name + ".py"))
+    spec = importlib.util.spec_from_file_location(name, os.path.join(SCRIPTS, name + ".py"))
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
 
 
 def run_script(name, *args):
-    cmd = [sys.executable, os.path.join(HERE, name)] + [str(a) for a in args]
+    cmd = [sys.executable, os.path.join(SCRIPTS, name)] + [str(a) for a in args]
     res = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                          text=True, timeout=120)
     if VERBOSE:
@@ -362,7 +363,7 @@ def main():
         with open(trainer, "w") as f:
             f.write(FAKE_TRAINER)
         os.chmod(trainer, 0o755)
-        os.environ["SCRIPTS"] = HERE
+        os.environ["SCRIPTS"] = SCRIPTS
         os.environ["TESTS"] = HERE
         csvs = []
         tests = [

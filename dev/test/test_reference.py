@@ -2,7 +2,7 @@
 """
 Self-checks of the PyTorch reference (scripts/gpt2_reference.py), the oracle of the project.
 
-    /usr/bin/python3 scripts/test_reference.py
+    /usr/bin/python3 dev/test/test_reference.py
 
 Prints one line per check and `reference: N passed, M failed`; exits 1 if any failed.
 Everything runs on the CPU in a temporary directory, in well under a minute.
@@ -19,10 +19,11 @@ import traceback
 import numpy as np
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts")
+sys.path.insert(0, SCRIPTS)
 import gpt2_reference as ref  # noqa: E402
 
-SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpt2_reference.py")
+SCRIPT = os.path.join(SCRIPTS, "gpt2_reference.py")
 TMP = tempfile.mkdtemp(prefix="test_reference_")
 
 

@@ -3,7 +3,7 @@ Tests the CPU trainer against the PyTorch reference (scripts/gpt2_reference.py).
 
   ./test_gpt2cpu <case dir> [<case dir> ...]
 
-Each case directory is written by scripts/make_test_refs.sh and holds:
+Each case directory is written by dev/test/make_refs.sh and holds:
   model.bin   the model (llm.c v3 file)          state.bin   one batch: x, y, logits, loss, grads
   train.bin   the token shard to train on        losses.txt  the reference loss of every step
   case.txt    "B T steps lr wd" of the run
@@ -28,7 +28,7 @@ missed term) shows up as 1e-3 or more.
 Any failure makes the exit code 1.
 */
 #define TESTING
-#include "train_gpt2.cpp"
+#include "../train_gpt2.cpp"
 
 #include "test_common.h"
 
@@ -335,7 +335,7 @@ static void test_thread_independence(const char* dir) {
 
 int main(int argc, char* argv[]) {
     if (argc < 2) {
-        fprintf(stderr, "usage: %s <case dir> [<case dir> ...] (see scripts/make_test_refs.sh)\n",
+        fprintf(stderr, "usage: %s <case dir> [<case dir> ...] (see dev/test/make_refs.sh)\n",
                 argv[0]);
         return 2;
     }

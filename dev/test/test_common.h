@@ -1,10 +1,10 @@
 /*
-Helpers shared by the test programs: dev/test_gpt2.cpp, dev/test_zenflow.cpp,
+Helpers shared by the test programs: dev/test/test_gpt2.cpp, dev/test/test_zenflow.cpp,
 dev/cuda/zenflow_async.cpp (CPU trainer) and test_gpt2.cu (CUDA trainer).
 
   - check() and the g_passed / g_failed counters behind each program's summary line;
   - max_errors / compare_tensor: a tensor against its reference, error relative to the tensor;
-  - the case directories of scripts/make_test_refs.sh: read_case (case.txt "B T steps lr wd"),
+  - the case directories of dev/test/make_refs.sh: read_case (case.txt "B T steps lr wd"),
     read_zf_case (+ zenflow.txt "mode k U S W overlap [U_max]", U = 0: auto), read_losses / read_loss_file
     (losses.txt), read_selections (selections.txt, or a trainer's selection log);
   - compare_selections / check_selections: ZenFlow's column selections against the reference,
@@ -66,7 +66,7 @@ static inline int compare_tensor(const char* name, const float* ours, const floa
 }
 
 // ----------------------------------------------------------------------------
-// case directories (scripts/make_test_refs.sh)
+// case directories (dev/test/make_refs.sh)
 
 typedef struct {
     int B, T, steps;

@@ -2,7 +2,7 @@
 Tests ZenFlow's orchestration (zenflow.h) in the CPU trainer against the PyTorch reference
 of the spec (scripts/zenflow_reference.py), and the invariants that must hold exactly.
 
-  ./test_zenflow <zenflow case dir> [...]       (written by scripts/make_test_refs.sh)
+  ./test_zenflow <zenflow case dir> [...]       (written by dev/test/make_refs.sh)
 
 A zenflow case directory holds model.bin, train.bin, case.txt ("B T steps lr wd"),
 zenflow.txt ("mode k U S W overlap"), and the reference's losses.txt and selections.txt.
@@ -28,7 +28,7 @@ zeroes the gradients, and the passes call the per-layer hooks (-zp 1, transfers 
      into the updater thread (ZF_WORKER_DELAY_US), and with whole transfers (-zp 0).
 */
 #define TESTING
-#include "train_gpt2.cpp"
+#include "../train_gpt2.cpp"
 
 #include <string>
 
@@ -173,7 +173,7 @@ static void test_selection_checker(void) {
 
 int main(int argc, char* argv[]) {
     if (argc < 2) {
-        fprintf(stderr, "usage: %s <zenflow case dir> [...] (see scripts/make_test_refs.sh)\n", argv[0]);
+        fprintf(stderr, "usage: %s <zenflow case dir> [...] (see dev/test/make_refs.sh)\n", argv[0]);
         return 2;
     }
     test_selection_checker();

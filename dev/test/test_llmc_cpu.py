@@ -4,8 +4,8 @@ Our files and our trainer against llm.c's own CPU programs, an implementation wr
 independently of this project: llm.c's test_gpt2.c and train_gpt2.c (at the commit
 scripts/get_llmc.sh pins), built here with gcc, read the files we write and train as ours.
 
-    /usr/bin/python3 scripts/test_llmc_cpu.py [--llmc build/llmc_ref] [--ours ./train_gpt2cpu]
-    /usr/bin/python3 scripts/test_llmc_cpu.py --ours build/emu/train_gpt2cu --cuda
+    /usr/bin/python3 dev/test/test_llmc_cpu.py [--llmc build/llmc_ref] [--ours ./train_gpt2cpu]
+    /usr/bin/python3 dev/test/test_llmc_cpu.py --ours build/emu/train_gpt2cu --cuda
 
 Without llm.c's source in build/llmc_ref (`make llmc_cpu` fetches it and runs this; or bash
 scripts/get_llmc.sh [GIT_DIR]) it says SKIPPED: CI has no network, so this cannot run there.
@@ -47,7 +47,7 @@ scripts/get_llmc.sh [GIT_DIR]) it says SKIPPED: CI has no network, so this canno
 
 With --cuda, ours is the CUDA trainer (on a GPU, or the CPU emulator as in make test), run
 with TF32 off (-f 0), and the losses of parts 2 and 3 must agree within 2e-5, the bound
-between our two trainers (scripts/test_trainers_agree.py): its kernels sum in the GPU's
+between our two trainers (dev/test/test_trainers_agree.py): its kernels sum in the GPU's
 orders (warp and block reductions, cuBLASLt's tiles), and AdamW lets last-bit differences
 grow over the steps. Measured on the emulator: 2e-6 (val), 3e-6 (train); a real GPU has
 not run it yet. (The CPU trainer ignores -f.)
@@ -65,8 +65,9 @@ import subprocess
 import sys
 import tempfile
 
-import bpe  # scripts/: the tokenizer file's reader
-import data_files  # scripts/: the token shards' reader and writer
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts"))
+import bpe  # noqa: E402  scripts/: the tokenizer file's reader
+import data_files  # noqa: E402  scripts/: the token shards' reader and writer
 
 B, T, STEPS, VAL_EVERY, VAL_BATCHES, SAMPLE_EVERY, GEN = 4, 64, 40, 10, 5, 20, 63
 UPDATE_LLMC = "gpt2_update(&model, 1e-4f, 0.9f, 0.999f, 1e-8f, 0.0f, step+1);"
@@ -228,7 +229,7 @@ def main():
     ap.add_argument("--ours", default="./train_gpt2cpu", help="our trainer")
     ap.add_argument("--cuda", action="store_true", help="--ours is the CUDA trainer (its bound, see above)")
     args = ap.parse_args()
-    os.chdir(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+    os.chdir(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
     src, commit = find_llmc(args.llmc)
     if src is None:
         print(f"SKIPPED (no llm.c source in {args.llmc}: make llmc_cpu, or bash scripts/get_llmc.sh, "

@@ -1,12 +1,12 @@
 """
 Tests for the GPT-2 tokenizer (bpe.py) and the tinyshakespeare data prep.
 
-    /usr/bin/python3 scripts/test_tokenizer.py
+    /usr/bin/python3 dev/test/test_tokenizer.py
 
 Prints one line per check (PASS / FAIL / SKIP) and finally
 `tokenizer: N passed, M failed`; the exit code is 1 if anything failed.
 Expected ids come from dev/test/tokenizer_cases.json, generated with tiktoken (an
-independent implementation) by scripts/make_tokenizer_fixture.py. This test itself needs
+independent implementation) by dev/test/make_tokenizer_fixture.py. This test itself needs
 only regex, numpy and the standard library. It runs the prep into a temp directory
 (a few seconds) rather than trusting whatever is in data/.
 """
@@ -21,10 +21,11 @@ import time
 import traceback
 from pathlib import Path
 
-import bpe
-import data_files
+SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+sys.path.insert(0, str(SCRIPTS))
+import bpe  # noqa: E402
+import data_files  # noqa: E402
 
-SCRIPTS = Path(__file__).resolve().parent
 FIXTURE = data_files.REPO_ROOT / "dev" / "test" / "tokenizer_cases.json"
 PREPARE = SCRIPTS / "prepare_tinyshakespeare.py"
 EOT_TEXT = "<|endoftext|>"

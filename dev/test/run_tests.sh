@@ -5,7 +5,7 @@
 # A test counts as SKIPPED only when it says so itself (its last line contains SKIPPED)
 # and exits 0, or when this script cannot run it at all (and says why).
 set -u
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 PYTHON=${PYTHON:-/usr/bin/python3}
 unset PYTHONOPTIMIZE  # some tests check with assert, which -O would strip
 LOG_DIR=${LOG_DIR:-build/test_logs}
@@ -13,13 +13,13 @@ mkdir -p "$LOG_DIR"
 passed=0 failed=0 skipped=0
 summary=()
 
-# scripts/gpu_check.sh without a device, with --out as docs/results/README.md runs it
+# dev/gpu_check.sh without a device, with --out as docs/results/README.md runs it
 gpu_check_dry_run() {
     local out="$LOG_DIR/gpu_check_out" refs="$LOG_DIR/gpu_check_refs" archive f
     rm -rf "$out" "$refs"
-    # as on a lent machine: the reference cases from `make gpu_refs`, the vocab case made there
+    # as on a GPU machine: the reference cases from `make gpu_refs`, the vocab case made there
     make -s gpu_refs || return 1
-    GPU_CHECK_REFS=$refs bash scripts/gpu_check.sh "$LOG_DIR/gpu_check" --out "$out" || return 1
+    GPU_CHECK_REFS=$refs bash dev/gpu_check.sh "$LOG_DIR/gpu_check" --out "$out" || return 1
     if ! grep -q '^| test refs vocab  *| PASS ' "$out/summary.md"; then
         echo "FAIL: the summary has no PASS row 'test refs vocab' (log: $LOG_DIR/gpu_check/make_vocab_case.log)"
         return 1
@@ -40,9 +40,9 @@ gpu_check_dry_run() {
         echo "FAIL: $archive has no gpu_check/summary.md equal to $out/summary.md"
         return 1
     fi
-    # a second run on a lease runs only what the first left out: --only
+    # a second run on the same GPU machine runs only what the first left out: --only
     local only="$LOG_DIR/gpu_check_only" ran
-    bash scripts/gpu_check.sh "$only" --only "resume timeline" || return 1
+    bash dev/gpu_check.sh "$only" --only "resume timeline" || return 1
     ran=$(grep -E '^\| ' "$only/summary.md" | grep -v -E 'not in --only|^\| (stage|device|build|test refs) ' \
           | cut -d'|' -f2 | sed 's/ *$//; s/^ *//' | tr '\n' ',')
     if [ "$ran" != "resume train_gpt2cu,eval train_gpt2cu,timeline offload,timeline zenflow," ]; then
@@ -89,9 +89,9 @@ skip_test() {
 REFS="dev/test/ref/tiny dev/test/ref/vocab"
 ZF_REFS="dev/test/ref/zf_a dev/test/ref/zf_b dev/test/ref/zf_c dev/test/ref/zf_d dev/test/ref/zf_e dev/test/ref/zf_v dev/test/ref/zf_f dev/test/ref/zf_g dev/test/ref/zf_h"
 
-run_test tokenizer "$PYTHON" scripts/test_tokenizer.py
-run_test reference "$PYTHON" scripts/test_reference.py
-run_test zenflow_reference "$PYTHON" scripts/test_zenflow_reference.py
+run_test tokenizer "$PYTHON" dev/test/test_tokenizer.py
+run_test reference "$PYTHON" dev/test/test_reference.py
+run_test zenflow_reference "$PYTHON" dev/test/test_zenflow_reference.py
 run_test test_gpt2cpu ./test_gpt2cpu $REFS
 run_test test_zenflow ./test_zenflow $ZF_REFS
 # zenflow.cuh's copy/wait protocol with a stand-in device (no GPU needed)
@@ -107,21 +107,21 @@ run_test trainer_tsan env ZF_WORKER_DELAY_US=100000 ./train_gpt2cpu_tsan -e dev/
     -tr "$LOG_DIR/trainer_tsan_trace.json" -tf 1 -tn 10
 # the same bits from builds for 4-, 8- and (here) the native vector width
 if [ -x build/arch/train_gpt2cpu_x86-64-v2 ]; then
-    run_test same_bits "$PYTHON" scripts/test_same_bits.py dev/test/ref/tiny ./train_gpt2cpu \
+    run_test same_bits "$PYTHON" dev/test/test_same_bits.py dev/test/ref/tiny ./train_gpt2cpu \
         build/arch/train_gpt2cpu_x86-64-v2 build/arch/train_gpt2cpu_x86-64-v3
 else
     skip_test same_bits "not an x86-64 machine (the builds for x86-64-v2 and -v3 are x86-64 only)"
 fi
-run_test plots "$PYTHON" scripts/test_plots.py
-run_test bad_input_cpu "$PYTHON" scripts/test_bad_input.py ./train_gpt2cpu
+run_test plots "$PYTHON" dev/test/test_plots.py
+run_test bad_input_cpu "$PYTHON" dev/test/test_bad_input.py ./train_gpt2cpu
 
 # sanitizers: AddressSanitizer + UndefinedBehaviorSanitizer over the CPU tests and the error
 # paths (which exit early and leak by design, hence no leak check there), then the fuzzers
 run_test asan_test_gpt2cpu ./test_gpt2cpu_asan $REFS
 run_test asan_test_zenflow ./test_zenflow_asan dev/test/ref/zf_a dev/test/ref/zf_b
-run_test asan_bad_input env ASAN_OPTIONS=detect_leaks=0 "$PYTHON" scripts/test_bad_input.py ./train_gpt2cpu_asan
+run_test asan_bad_input env ASAN_OPTIONS=detect_leaks=0 "$PYTHON" dev/test/test_bad_input.py ./train_gpt2cpu_asan
 run_test fuzz bash dev/fuzz/run_fuzzers.sh "${FUZZ_SECONDS:-15}"
-run_test resume "$PYTHON" scripts/test_resume.py ./train_gpt2cpu dev/test/ref/tiny --kills 6
+run_test resume "$PYTHON" dev/test/test_resume.py ./train_gpt2cpu dev/test/ref/tiny --kills 6
 # the CUDA trainer's call sequence (cuBLASLt layouts, offsets, buffer reuse), emulated in numpy
 run_test cuda_emulation "$PYTHON" dev/cuda/emulate_trainer.py
 
@@ -139,48 +139,48 @@ run_test emu_test_gpt2cu_copies env EMU_SCHEDULE=lazy_copies ./build/emu/test_gp
 run_test emu_asan ./build/emu/test_gpt2cu_asan dev/test/ref/tiny
 # ThreadSanitizer: races between warps, blocks, streams and host threads, reported whatever
 # the numbers (compute-sanitizer's racecheck, roughly, plus the streams); about a minute
-run_test emu_races bash scripts/test_races.sh
+run_test emu_races bash dev/test/test_races.sh
 # shapes and ZenFlow settings drawn at random (the edges too), both trainers' code against
 # the PyTorch references with the tests above; a longer hunt: see the script's header
-run_test random_cases "$PYTHON" scripts/test_random_cases.py --count 24 --seed 1 --cuda-test build/emu/test_gpt2cu \
+run_test random_cases "$PYTHON" dev/test/test_random_cases.py --count 24 --seed 1 --cuda-test build/emu/test_gpt2cu \
     --trainer ./train_gpt2cpu --trainer build/emu/train_gpt2cu
 # every dev/cuda kernel validation against its CPU reference (benchmarks skipped)
 run_test emu_dev_cuda bash -c 'for p in build/emu/dev_cuda/*; do ZF_SKIP_BENCHMARKS=1 "$p" || exit 1; done'
-run_test emu_trainers_agree "$PYTHON" scripts/test_trainers_agree.py ./train_gpt2cpu build/emu/train_gpt2cu dev/test/ref/tiny
-run_test emu_resume env EMU_SCHEDULE=lazy "$PYTHON" scripts/test_resume.py build/emu/train_gpt2cu dev/test/ref/tiny --kills 3
-run_test emu_bad_input "$PYTHON" scripts/test_bad_input.py build/emu/train_gpt2cu --emulated-gpu
-run_test emu_trace env EMU_SCHEDULE=lazy "$PYTHON" scripts/test_trace.py build/emu/train_gpt2cu dev/test/ref/tiny
+run_test emu_trainers_agree "$PYTHON" dev/test/test_trainers_agree.py ./train_gpt2cpu build/emu/train_gpt2cu dev/test/ref/tiny
+run_test emu_resume env EMU_SCHEDULE=lazy "$PYTHON" dev/test/test_resume.py build/emu/train_gpt2cu dev/test/ref/tiny --kills 3
+run_test emu_bad_input "$PYTHON" dev/test/test_bad_input.py build/emu/train_gpt2cu --emulated-gpu
+run_test emu_trace env EMU_SCHEDULE=lazy "$PYTHON" dev/test/test_trace.py build/emu/train_gpt2cu dev/test/ref/tiny
 # PCIe bytes per step of every mode (bench_zenflow.sh on a small model) against the shapes
-run_test emu_pcie_bytes "$PYTHON" scripts/test_pcie_bytes.py build/emu/train_gpt2cu --emulated-gpu
+run_test emu_pcie_bytes "$PYTHON" dev/test/test_pcie_bytes.py build/emu/train_gpt2cu --emulated-gpu
 # the side-by-side benchmark against llm.c's fp32 trainer, with stand-ins for both trainers
-run_test emu_bench_llmc "$PYTHON" scripts/test_bench_llmc.py build/emu/train_gpt2cu
-run_test trace_cpu "$PYTHON" scripts/test_trace.py ./train_gpt2cpu dev/test/ref/tiny
+run_test emu_bench_llmc "$PYTHON" dev/test/test_bench_llmc.py build/emu/train_gpt2cu
+run_test trace_cpu "$PYTHON" dev/test/test_trace.py ./train_gpt2cpu dev/test/ref/tiny
 # the val loss and the generated tokens against PyTorch, from the checkpointed models, both trainers
-run_test eval_cpu "$PYTHON" scripts/test_eval.py ./train_gpt2cpu dev/test/ref/tiny
-run_test emu_eval "$PYTHON" scripts/test_eval.py build/emu/train_gpt2cu dev/test/ref/tiny
+run_test eval_cpu "$PYTHON" dev/test/test_eval.py ./train_gpt2cpu dev/test/ref/tiny
+run_test emu_eval "$PYTHON" dev/test/test_eval.py build/emu/train_gpt2cu dev/test/ref/tiny
 # llm.c's own test_gpt2.c and train_gpt2.c read our files and train as ours (SKIPPED without
 # llm.c's source in build/llmc_ref, as in CI, which has no network; make llmc_cpu fetches it);
 # the second with the CUDA trainer on the emulator
-run_test llmc_cpu "$PYTHON" scripts/test_llmc_cpu.py
-run_test emu_llmc_cpu "$PYTHON" scripts/test_llmc_cpu.py --ours build/emu/train_gpt2cu --cuda
-run_test failures_cpu "$PYTHON" scripts/test_failures.py ./train_gpt2cpu dev/test/ref/tiny
-run_test emu_failures "$PYTHON" scripts/test_failures.py build/emu/train_gpt2cu dev/test/ref/tiny --steps 30
+run_test llmc_cpu "$PYTHON" dev/test/test_llmc_cpu.py
+run_test emu_llmc_cpu "$PYTHON" dev/test/test_llmc_cpu.py --ours build/emu/train_gpt2cu --cuda
+run_test failures_cpu "$PYTHON" dev/test/test_failures.py ./train_gpt2cpu dev/test/ref/tiny
+run_test emu_failures "$PYTHON" dev/test/test_failures.py build/emu/train_gpt2cu dev/test/ref/tiny --steps 30
 
 if [ -x ./test_gpt2cu ]; then
     # without a GPU the binary itself reports SKIPPED with the CUDA runtime's reason
     run_test test_gpt2cu ./test_gpt2cu $REFS $ZF_REFS
     # every kernel's registers (ptxas) allow a block of 1024 threads on sm_80 and sm_90: a
     # launch failure no compile and no emulator shows
-    run_test launch_resources "$PYTHON" scripts/check_launch_resources.py --nvcc "${NVCC:-nvcc}"
+    run_test launch_resources "$PYTHON" dev/cuda/check_launch_resources.py --nvcc "${NVCC:-nvcc}"
     if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
         run_test dev_cuda make -s -C dev/cuda run
     else
-        skip_test dev_cuda "no CUDA device (the programs were compiled by make; they run in scripts/gpu_check.sh)"
+        skip_test dev_cuda "no CUDA device (the programs were compiled by make; they run in dev/gpu_check.sh)"
         # the GPU check script itself, without a device: it builds for sm_90, finds the
         # references, runs what needs no GPU, and every other stage must say SKIPPED (not
-        # FAIL) and the summary table come out: a broken script is found here, not on a
-        # lent GPU's scarce minutes. Run as on a lent GPU: logs outside, and only the summary
-        # and one archive of the logs in --out (the device tool brings back at most 8 files)
+        # FAIL) and the summary table come out: a broken script is found here, not in a GPU
+        # machine's scarce minutes. Run as on a GPU machine: logs outside, and only the summary
+        # and one archive of the logs in --out (a remote run brings back only a few files)
         run_test gpu_check_script gpu_check_dry_run
     fi
 else
