@@ -112,6 +112,8 @@ if [ -x build/arch/train_gpt2cpu_x86-64-v2 ]; then
 else
     skip_test same_bits "not an x86-64 machine (the builds for x86-64-v2 and -v3 are x86-64 only)"
 fi
+# the simulated GPU and PCIe link beside the real CPU side: spec 7's bytes, offload's floor
+run_test sim_stall "$PYTHON" dev/test/test_sim_stall.py ./sim_stall
 run_test plots "$PYTHON" dev/test/test_plots.py
 run_test bad_input_cpu "$PYTHON" dev/test/test_bad_input.py ./train_gpt2cpu
 
