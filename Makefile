@@ -18,21 +18,21 @@ CXXFLAGS ?= -O3 -march=native
 override CXXFLAGS += -std=c++17 -fopenmp -ffp-contract=off -Wall -Wextra -Wno-unused-function
 LDLIBS = -lpthread -lm
 
-# CUDA: machine code for sm_80 (A100) and sm_90 (H100/H200), PTX of compute_90 that the
-# driver of a newer GPU compiles at first launch, and machine code for the GPU of this
-# machine when nvidia-smi names one of another architecture (a T4 is 7.5, an RTX 4090 8.9:
-# PTX cannot run on an older GPU than it was written for). -fmad=false for the same reason
-# as above. Set CUDA_ARCH to choose yourself.
+# CUDA: machine code for sm_80 (A100, and every 8.x GPU) and sm_90 (H100/H200), PTX of
+# compute_90 that the driver of a newer GPU compiles at first launch, and machine code for
+# this machine's GPU when nvidia-smi names one of another major version (a T4 is 7.5: PTX
+# cannot run on an older GPU than it was written for). -fmad=false for the same reason as
+# above. Set CUDA_ARCH to choose yourself.
 NVCC_FOUND := $(shell command -v $(NVCC) 2>/dev/null)
 LOCAL_GPU_ARCH := $(shell nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | \
                     grep -E '^[0-9]+\.[0-9]+$$' | head -1 | tr -d .)
 CUDA_ARCH_DEFAULT = -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=[sm_90,compute_90]
-ifneq ($(filter-out 80 90,$(LOCAL_GPU_ARCH)),)
+ifneq ($(filter-out 8% 9%,$(LOCAL_GPU_ARCH)),)
 CUDA_ARCH_DEFAULT += -gencode arch=compute_$(LOCAL_GPU_ARCH),code=sm_$(LOCAL_GPU_ARCH)
 endif
 CUDA_ARCH ?= $(CUDA_ARCH_DEFAULT)
 NVCCFLAGS ?= -O3 -std=c++17 -fmad=false $(CUDA_ARCH) -Xcompiler -Wall,-fopenmp,-ffp-contract=off
-NVCC_LDLIBS = -lcublasLt -lcublas -lgomp -lpthread
+NVCC_LDLIBS = -lcublasLt -lgomp -lpthread
 
 CPU_BINS = train_gpt2cpu test_gpt2cpu test_zenflow test_cpu_adam zenflow_async sim_stall
 TSAN_BINS = test_cpu_adam_tsan test_zenflow_tsan train_gpt2cpu_tsan

@@ -422,7 +422,8 @@ void residual_backward(float* da, float* db, const float* dout, size_t N) {
 }
 
 // softmax over the first V of Vp logits (the padded ones are not part of the vocabulary),
-// then the loss -log p[target] of each position
+// then the loss -log p[target] of each position, as log(sum) - (x[target] - max): finite
+// however far below the max the target's logit is (exp of it would be 0, and -log 0 is inf)
 void softmax_crossentropy_forward(float* probs, float* losses,  // (B,T,Vp), (B,T)
                                   const float* logits, const int* targets,  // (B,T,Vp), (B,T)
                                   int B, int T, int V, int Vp) {
@@ -439,7 +440,7 @@ void softmax_crossentropy_forward(float* probs, float* losses,  // (B,T,Vp), (B,
         }
         for (int i = 0; i < V; i++) { p[i] = p[i] / sum; }
         for (int i = V; i < Vp; i++) { p[i] = 0.0f; }
-        if (targets != NULL) { losses[bt] = -logf(p[targets[bt]]); }
+        if (targets != NULL) { losses[bt] = logf(sum) - (x[targets[bt]] - maxval); }
     }
 }
 

@@ -131,7 +131,8 @@ static inline cudaDeviceProp cuda_init_device(void) {
     if (!cuda_device_available(reason, sizeof(reason))) {
         fatal("no CUDA device (%s)", reason);
     }
-    if (cudaSetDeviceFlags(cudaDeviceScheduleBlockingSync) != cudaSuccess) {
+    // a host thread that waits sleeps; host memory may be mapped (mapped_alloc)
+    if (cudaSetDeviceFlags(cudaDeviceScheduleBlockingSync | cudaDeviceMapHost) != cudaSuccess) {
         cudaGetLastError();  // already initialized by the caller: keep its setting
     }
     cudaCheck(cudaSetDevice(0));
@@ -449,6 +450,7 @@ static cublasComputeType_t cublas_compute = CUBLAS_COMPUTE_32F_FAST_TF32;
 #define ALGO_KEY_LEN 16
 typedef struct {
     long long key[ALGO_KEY_LEN];
+    int found;  // 0: cuBLASLt offers no algorithm for this problem
     cublasLtMatmulAlgo_t algo;
 } AlgoCacheEntry;
 static AlgoCacheEntry algo_cache[ALGO_CACHE_SIZE];
@@ -479,15 +481,30 @@ static inline uint32_t alignment_of(const void* ptr, long long stride_elems) {
     return (uint32_t)(bits & (~bits + 1));  // lowest set bit
 }
 
+// out[r, o] += bias[o], for a bias cuBLASLt's epilogue cannot take (< 16 bytes aligned, or
+// no algorithm with the epilogue)
+__global__ void add_bias_kernel(float* __restrict__ out, const float* __restrict__ bias, int rows, int OC) {
+    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (size_t)rows * OC) { return; }
+    out[idx] = out[idx] + bias[idx % OC];
+}
+
+static inline void add_bias(float* out, const float* bias, int rows, int OC) {
+    const int block = 256;
+    add_bias_kernel<<<ceil_div((size_t)rows * OC, block), block>>>(out, bias, rows, OC);
+    cudaCheck(cudaGetLastError());
+}
+
 // d = op(a) op(b) (+ bias per row of d) (+ beta * d), column-major, fp32, packed:
 // op(a) is (m, k), op(b) is (k, n), d is (m, n) with leading dimension m. trans_a says a is
 // stored (k, m) and transposed; likewise trans_b. With batch > 1, matrix i starts at
 // a + i*stride_a etc. The bias has m entries (cuBLASLt adds it to every column of d).
-static void matmul_cublaslt(float* d, const float* a, const float* b, const float* bias, int m, int n,
-                            int k, int trans_a, int trans_b, float beta, int batch = 1,
-                            long long stride_a = 0, long long stride_b = 0, long long stride_d = 0) {
+// Returns 0, having done nothing, where cuBLASLt offers no algorithm for the problem.
+static int matmul_cublaslt_try(float* d, const float* a, const float* b, const float* bias, int m, int n, int k,
+                               int trans_a, int trans_b, float beta, cublasComputeType_t compute, int batch,
+                               long long stride_a, long long stride_b, long long stride_d) {
     cublasLtMatmulDesc_t desc;
-    cublasCheck(cublasLtMatmulDescCreate(&desc, cublas_compute, CUDA_R_32F));
+    cublasCheck(cublasLtMatmulDescCreate(&desc, compute, CUDA_R_32F));
     cublasOperation_t op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
     cublasOperation_t op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
     cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
@@ -524,13 +541,18 @@ static void matmul_cublaslt(float* d, const float* a, const float* b, const floa
     long long key[ALGO_KEY_LEN] = {m, n, k, trans_a, trans_b, batch, stride_a, stride_b,
                                       stride_d, bias != NULL, beta != 0.0f, align_a, align_b,
                                       align_d, bias != NULL ? (long long)alignment_of(bias, 0) : 0,
-                                      (long long)cublas_compute};
+                                      (long long)compute};
     const cublasLtMatmulAlgo_t* algo = NULL;
+    int found = -1;  // not known yet
     for (int i = 0; i < algo_cache_used; i++) {
-        if (memcmp(algo_cache[i].key, key, sizeof(key)) == 0) { algo = &algo_cache[i].algo; }
+        if (memcmp(algo_cache[i].key, key, sizeof(key)) == 0) {
+            algo = &algo_cache[i].algo;
+            found = algo_cache[i].found;
+        }
     }
     cublasLtMatmulHeuristicResult_t heuristic;
-    if (algo == NULL) {
+    memset(&heuristic, 0, sizeof(heuristic));
+    if (found < 0) {
         cublasLtMatmulPreference_t pref;
         cublasCheck(cublasLtMatmulPreferenceCreate(&pref));
         uint64_t workspace = CUBLASLT_WORKSPACE_BYTES;
@@ -544,42 +566,73 @@ static void matmul_cublaslt(float* d, const float* a, const float* b, const floa
                                                          &align_d, sizeof(align_d)));
         cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
                                                          &align_d, sizeof(align_d)));
-        // (no algorithm: cuBLASLt answers NOT_SUPPORTED, or SUCCESS with found = 0; both get
-        // the message below, which names the shape)
-        int found = 0;
+        // no algorithm: cuBLASLt answers NOT_SUPPORTED, or SUCCESS with none found
+        int count = 0;
         cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(cublaslt_handle, desc, layout_a, layout_b,
-                                                               layout_d, layout_d, pref, 1, &heuristic, &found);
+                                                               layout_d, layout_d, pref, 1, &heuristic, &count);
         cublasCheck(cublasLtMatmulPreferenceDestroy(pref));
         if (status != CUBLAS_STATUS_NOT_SUPPORTED) { cublasCheck(status); }
-        if (status == CUBLAS_STATUS_NOT_SUPPORTED || found == 0 || heuristic.state != CUBLAS_STATUS_SUCCESS) {
-            fatal("cuBLASLt has no algorithm for m=%d n=%d k=%d transa=%d transb=%d batch=%d bias=%d "
-                    "(alignments %u/%u/%u bytes) (hint: an odd shape or pointer alignment; try another "
-                    "-b/-t or model shape)",
-                    m, n, k, trans_a, trans_b, batch, bias != NULL, align_a, align_b, align_d);
-        }
+        found = status == CUBLAS_STATUS_SUCCESS && count > 0 && heuristic.state == CUBLAS_STATUS_SUCCESS;
         algo = &heuristic.algo;
         if (algo_cache_used < ALGO_CACHE_SIZE) {
             memcpy(algo_cache[algo_cache_used].key, key, sizeof(key));
+            algo_cache[algo_cache_used].found = found;
             algo_cache[algo_cache_used].algo = heuristic.algo;
             algo_cache_used++;
         }
     }
-    const float alpha = 1.0f;
-    cublasCheck(cublasLtMatmul(cublaslt_handle, desc, &alpha, a, layout_a, b, layout_b, &beta, d,
-                               layout_d, d, layout_d, algo, cublaslt_workspace,
-                               CUBLASLT_WORKSPACE_BYTES, 0));
+    if (found) {
+        const float alpha = 1.0f;
+        cublasCheck(cublasLtMatmul(cublaslt_handle, desc, &alpha, a, layout_a, b, layout_b, &beta, d, layout_d, d,
+                                   layout_d, algo, cublaslt_workspace, CUBLASLT_WORKSPACE_BYTES, 0));
+    }
     cublasCheck(cublasLtMatrixLayoutDestroy(layout_a));
     cublasCheck(cublasLtMatrixLayoutDestroy(layout_b));
     cublasCheck(cublasLtMatrixLayoutDestroy(layout_d));
     cublasCheck(cublasLtMatmulDescDestroy(desc));
+    return found;
 }
 
-// out[r, o] += bias[o]: only for a bias pointer cuBLASLt's epilogue cannot take (< 16 bytes aligned)
-__global__ void add_bias_kernel(float* __restrict__ out, const float* __restrict__ bias, int rows, int OC) {
-    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx >= (size_t)rows * OC) { return; }
-    out[idx] = out[idx] + bias[idx % OC];
+// one line on stderr the first time a fallback is taken
+static inline void matmul_fallback_note(int* said, const char* what, int m, int n, int k) {
+    if (*said) { return; }
+    *said = 1;
+    fprintf(stderr, "warning: cuBLASLt has no algorithm for m=%d n=%d k=%d %s (said once)\n", m, n, k, what);
 }
+
+// matmul_cublaslt_try, with fallbacks where cuBLASLt offers no algorithm (it has had gaps
+// with an fp32 bias epilogue on one-column problems, and with odd sizes under TF32): first
+// without the epilogue, the bias added by a kernel; then in plain fp32 instead of TF32; only
+// then the run stops, naming the shape.
+static void matmul_cublaslt(float* d, const float* a, const float* b, const float* bias, int m, int n, int k,
+                            int trans_a, int trans_b, float beta, int batch = 1, long long stride_a = 0,
+                            long long stride_b = 0, long long stride_d = 0) {
+    static int said_bias = 0, said_tf32 = 0;
+    if (matmul_cublaslt_try(d, a, b, bias, m, n, k, trans_a, trans_b, beta, cublas_compute, batch, stride_a, stride_b,
+                            stride_d)) {
+        return;
+    }
+    if (bias != NULL) {
+        matmul_fallback_note(&said_bias, "with a bias epilogue: the bias is added by a kernel", m, n, k);
+        if (matmul_cublaslt_try(d, a, b, NULL, m, n, k, trans_a, trans_b, beta, cublas_compute, batch, stride_a,
+                                stride_b, stride_d)) {
+            add_bias(d, bias, n, m);  // d is (n, m) row-major, bias per element of a row
+            return;
+        }
+    }
+    if (cublas_compute != CUBLAS_COMPUTE_32F) {
+        matmul_fallback_note(&said_tf32, "in TF32: this one runs in plain fp32", m, n, k);
+        if (matmul_cublaslt_try(d, a, b, NULL, m, n, k, trans_a, trans_b, beta, CUBLAS_COMPUTE_32F, batch, stride_a,
+                                stride_b, stride_d)) {
+            if (bias != NULL) { add_bias(d, bias, n, m); }
+            return;
+        }
+    }
+    fatal("cuBLASLt has no algorithm for m=%d n=%d k=%d transa=%d transb=%d batch=%d bias=%d, with or without "
+          "the bias epilogue, in TF32 or fp32 (hint: an odd shape or pointer alignment; try another -b/-t or "
+          "model shape)", m, n, k, trans_a, trans_b, batch, bias != NULL);
+}
+
 
 // out = inp @ weight^T + bias (the CPU's matmul_forward)
 //   out (BT, OC), inp (BT, C), weight (OC, C), bias (OC) or NULL
@@ -588,11 +641,7 @@ static inline void matmul_forward(float* out, const float* inp, const float* wei
                                   int BT, int C, int OC) {
     int bias_in_epilogue = bias != NULL && ((uintptr_t)bias % 16) == 0;
     matmul_cublaslt(out, weight, inp, bias_in_epilogue ? bias : NULL, OC, BT, C, 1, 0, 0.0f);
-    if (bias != NULL && !bias_in_epilogue) {
-        const int block = 256;
-        add_bias_kernel<<<ceil_div((size_t)BT * OC, block), block>>>(out, bias, BT, OC);
-        cudaCheck(cudaGetLastError());
-    }
+    if (bias != NULL && !bias_in_epilogue) { add_bias(out, bias, BT, OC); }
 }
 
 // pass 1 of dbias[o] += sum_rows dout[r, o] (see column sums above)
@@ -866,7 +915,9 @@ __global__ void fused_classifier_kernel(float* __restrict__ logits,       // (N,
     for (int i = threadIdx.x; i < V; i += blockDim.x) { sum += expf(x[i] - maxval); }
     sum = block_sum(sum);  // also a barrier: every x[i] was read before anyone writes below
     int target = targets[row];
-    if (threadIdx.x == 0) { losses[row] = -logf(expf(x[target] - maxval) / sum); }
+    // -log p[target] as log(sum) - (x[target] - max), as the CPU trainer: finite however far
+    // below the max the target's logit is
+    if (threadIdx.x == 0) { losses[row] = logf(sum) - (x[target] - maxval); }
     __syncthreads();  // x[target] is read before it is overwritten
     for (int i = threadIdx.x; i < Vp; i += blockDim.x) {
         float d = 0.0f;

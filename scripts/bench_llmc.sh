@@ -28,6 +28,7 @@
 # Without build/llmc_ref (and no --llmc-bin), or without a GPU, it says SKIPPED and exits 0.
 set -u
 cd "$(dirname "$0")/.." || exit 2
+export ZF_REQUIRE_PINNED=1  # a benchmark run whose copies could not be pinned overlaps nothing: it stops
 
 BIN=./train_gpt2cu
 OUT=build/bench_llmc

@@ -47,6 +47,7 @@
 # names such runs and gives the host memory at start and at the end.
 set -u
 cd "$(dirname "$0")/.." || exit 2
+export ZF_REQUIRE_PINNED=1  # a benchmark run whose copies could not be pinned overlaps nothing: it stops
 ARGS="$*"
 
 BIN=./train_gpt2cu

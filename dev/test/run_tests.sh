@@ -136,6 +136,14 @@ run_test emu_test_gpt2cu env EMU_SCHEDULE=lazy ./build/emu/test_gpt2cu $REFS $ZF
 run_test emu_test_gpt2cu_reverse env EMU_SCHEDULE=eager EMU_REVERSE=1 ./build/emu/test_gpt2cu dev/test/ref/tiny dev/test/ref/zf_a
 # the copy streams lazy, the default stream eager: the opposite race of the lazy run
 run_test emu_test_gpt2cu_copies env EMU_SCHEDULE=lazy_copies ./build/emu/test_gpt2cu dev/test/ref/zf_c
+# cuBLASLt offering no algorithm (as the real one may for some shapes): the matmuls fall back
+# (no bias epilogue, then plain fp32) and still match the references; with none at all the
+# run stops with one line naming the shape
+run_test emu_no_algorithm_bias env EMU_NO_ALGORITHM=bias EMU_SCHEDULE=eager ./build/emu/test_gpt2cu dev/test/ref/tiny
+run_test emu_no_algorithm_tf32 env EMU_NO_ALGORITHM=tf32 EMU_SCHEDULE=eager ./build/emu/test_gpt2cu dev/test/ref/tiny
+run_test emu_no_algorithm_all bash -c 'out=$(EMU_NO_ALGORITHM=all EMU_SCHEDULE=eager ./build/emu/test_gpt2cu \
+    dev/test/ref/tiny 2>&1); rc=$?; echo "$out" | grep "^error:"; [ $rc -ne 0 ] && \
+    [ "$(echo "$out" | grep -c "^error: cuBLASLt has no algorithm for m=")" = 1 ] && echo "stopped, one line naming the shape"'
 # AddressSanitizer: a kernel or copy outside its allocation (compute-sanitizer's memcheck, roughly);
 # the tiny case only: with the ZenFlow cases (tiny zf_a: 44 checks, passed) it takes 5 minutes
 run_test emu_asan ./build/emu/test_gpt2cu_asan dev/test/ref/tiny

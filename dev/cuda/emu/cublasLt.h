@@ -9,6 +9,8 @@ strictly so that a wrong call fails instead of computing something else:
   batched call has the same batch count.
 Each output element sums its k products in order in fp32. CUBLAS_COMPUTE_32F_FAST_TF32
 rounds A and B to TF32 first (10 mantissa bits, to nearest), roughly what tensor cores do.
+EMU_NO_ALGORITHM=bias|tf32|all makes the heuristic find no algorithm for matmuls with the
+bias epilogue, for TF32, or for any matmul, as the real library may for some shapes.
 */
 #ifndef EMU_CUBLASLT_H
 #define EMU_CUBLASLT_H
@@ -178,6 +180,11 @@ static inline cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t, cu
     *found = 0;
     if (s != CUBLAS_STATUS_SUCCESS) { return s; }
     if (requested < 1) { return CUBLAS_STATUS_INVALID_VALUE; }
+    const char* none = getenv("EMU_NO_ALGORITHM");
+    if (none != NULL && (strcmp(none, "all") == 0 || (strcmp(none, "bias") == 0 && d->epilogue == CUBLASLT_EPILOGUE_BIAS) ||
+                         (strcmp(none, "tf32") == 0 && d->compute == CUBLAS_COMPUTE_32F_FAST_TF32))) {
+        return CUBLAS_STATUS_SUCCESS;  // (found = 0)
+    }
     memset(&results[0], 0, sizeof(results[0]));
     results[0].algo.data[0] = 1;
     results[0].state = CUBLAS_STATUS_SUCCESS;

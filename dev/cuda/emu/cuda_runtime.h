@@ -500,6 +500,7 @@ typedef enum { cudaDevAttrL2CacheSize = 89 } cudaDeviceAttr;
 #define cudaHostAllocDefault 0x00
 #define cudaHostAllocMapped 0x02
 #define cudaDeviceScheduleBlockingSync 0x04
+#define cudaDeviceMapHost 0x08
 
 typedef struct {
     char name[256];
