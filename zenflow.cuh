@@ -211,44 +211,13 @@ static void zf_cuda_zero_grads(void* ctx, const ZenFlow* zf, int all) {
 // ----------------------------------------------------------------------------
 // selection (spec 4.2): the column scores, the new column sets, the moments both ways
 
-// 4.2.2 column scores, pass 1: partial[chunk, j] = sum of g[o, j]^2 over the chunk's rows.
-// Block (32, 8): 32 columns; thread y sums rows y, y + 8, ... of the chunk, then the 8
-// partial sums are added in order. Pass 2 is column_sum_finalize_kernel (chunks in order).
-// The order depends only on the shape: the scores are deterministic.
-__global__ void zf_column_scores_partial_kernel(float* __restrict__ partial,  // (chunks, cols)
-                                                const float* __restrict__ g,  // (rows, cols)
-                                                int rows, int cols, int rows_per_chunk) {
-    __shared__ float s[8][32];
-    int j = blockIdx.x * 32 + threadIdx.x;
-    int r0 = blockIdx.y * rows_per_chunk;
-    int r1 = min(r0 + rows_per_chunk, rows);
-    float sum = 0.0f;
-    if (j < cols) {
-        for (int r = r0 + threadIdx.y; r < r1; r += 8) {
-            float x = g[(size_t)r * cols + j];
-            sum += x * x;
-        }
-    }
-    s[threadIdx.y][threadIdx.x] = sum;
-    __syncthreads();
-    if (threadIdx.y == 0 && j < cols) {
-        float total = 0.0f;
-        for (int y = 0; y < 8; y++) { total += s[y][threadIdx.x]; }
-        partial[(size_t)blockIdx.y * cols + j] = total;
-    }
-}
-
-// scores[j] = sum over rows of g[o, j]^2 of one matrix, to the host
+// 4.2.2 scores[j] = sum over rows of g[o, j]^2 of one matrix (llmc/cuda_kernels.cuh's column
+// sums: the order depends only on the shape, so the scores are deterministic), to the host
 static void zf_cuda_column_scores(void* ctx, const ZfMatrix* mat, float* scores) {
     ZfCudaDevice* dev = (ZfCudaDevice*)ctx;
-    int rows_per_chunk = colsum_rows_per_chunk(mat->rows), chunks = ceil_div(mat->rows, rows_per_chunk);
     int span = gpu_trace_begin(0);
-    zf_column_scores_partial_kernel<<<dim3(ceil_div(mat->cols, 32), chunks), dim3(32, 8)>>>(
-        dev->score_partial, dev->grads + mat->offset, mat->rows, mat->cols, rows_per_chunk);
-    cudaCheck(cudaGetLastError());
     cudaCheck(cudaMemsetAsync(dev->scores, 0, mat->cols * sizeof(float), 0));
-    column_sum_finalize_kernel<<<ceil_div(mat->cols, 256), 256>>>(dev->scores, dev->score_partial, chunks, mat->cols);
-    cudaCheck(cudaGetLastError());
+    column_sums(dev->scores, dev->score_partial, dev->grads + mat->offset, mat->rows, mat->cols, 1);
     gpu_trace_end(span, 0, TRACE_COMPUTE, "column scores");
     cudaCheck(cudaMemcpy(scores, dev->scores, mat->cols * sizeof(float), cudaMemcpyDeviceToHost));
     dev->d2h_bytes += (double)mat->cols * sizeof(float);
@@ -293,32 +262,22 @@ static void zf_cuda_selection_changed(void* ctx, const ZenFlow* zf) {
     cudaCheck(cudaMemcpy(dev->order, dev->h_order, dev->total_cols * sizeof(int), cudaMemcpyHostToDevice));
 }
 
-// The GPU moments' layout (row by row per matrix) to and from zenflow.h's (column by column);
-// the vectors are the same in both. On the host, only at a selection or a checkpoint, on all
-// threads (k of the model's moments: 1.2 GB at GPT-2 1.5B), each writing whole columns or rows.
-static void zf_moments_rows_to_columns(const ZenFlow* zf, const float* rows, float* cols) {
-    memcpy(cols, rows, zf->vector_elems * sizeof(float));
+// The GPU moments' layout (row by row per matrix) to zenflow.h's (column by column), or back
+// (to_rows = 1); the vectors are the same in both. On the host, only at a selection or a
+// checkpoint, on all threads (k of the model's moments: 1.2 GB at GPT-2 1.5B), each thread
+// writing whole columns (or rows) of its own.
+static void zf_moments_transpose(const ZenFlow* zf, const float* src, float* dst, int to_rows) {
+    memcpy(dst, src, zf->vector_elems * sizeof(float));
     for (int i = 0; i < zf->num_matrices; i++) {
         const ZfMatrix* mat = &zf->matrices[i];
-        size_t base = zf->vector_elems + mat->gpu_offset;
+        const size_t base = zf->vector_elems + mat->gpu_offset;
+        const int outer = to_rows ? mat->rows : mat->n_sel, inner = to_rows ? mat->n_sel : mat->rows;
 #pragma omp parallel for schedule(static)
-        for (int r = 0; r < mat->n_sel; r++) {
-            for (int o = 0; o < mat->rows; o++) {
-                cols[base + (size_t)r * mat->rows + o] = rows[base + (size_t)o * mat->n_sel + r];
-            }
-        }
-    }
-}
-
-static void zf_moments_columns_to_rows(const ZenFlow* zf, const float* cols, float* rows) {
-    memcpy(rows, cols, zf->vector_elems * sizeof(float));
-    for (int i = 0; i < zf->num_matrices; i++) {
-        const ZfMatrix* mat = &zf->matrices[i];
-        size_t base = zf->vector_elems + mat->gpu_offset;
-#pragma omp parallel for schedule(static)
-        for (int o = 0; o < mat->rows; o++) {
-            for (int r = 0; r < mat->n_sel; r++) {
-                rows[base + (size_t)o * mat->n_sel + r] = cols[base + (size_t)r * mat->rows + o];
+        for (int a = 0; a < outer; a++) {
+            for (int b = 0; b < inner; b++) {
+                const int o = to_rows ? a : b, r = to_rows ? b : a;  // row o of set column r
+                const size_t by_row = base + (size_t)o * mat->n_sel + r, by_col = base + (size_t)r * mat->rows + o;
+                dst[to_rows ? by_row : by_col] = src[to_rows ? by_col : by_row];
             }
         }
     }
@@ -331,7 +290,7 @@ static void zf_cuda_moments_to_host(void* ctx, const ZenFlow* zf, float* m, floa
     float* host_bufs[2] = {m, v};
     for (int i = 0; i < 2; i++) {
         cudaCheck(cudaMemcpy(dev->host_moments, device_bufs[i], n * sizeof(float), cudaMemcpyDeviceToHost));
-        zf_moments_rows_to_columns(zf, dev->host_moments, host_bufs[i]);
+        zf_moments_transpose(zf, dev->host_moments, host_bufs[i], 0);
     }
     dev->d2h_bytes += 2.0 * n * sizeof(float);
 }
@@ -342,7 +301,7 @@ static void zf_cuda_moments_from_host(void* ctx, const ZenFlow* zf, const float*
     float* device_bufs[2] = {dev->m, dev->v};
     const float* host_bufs[2] = {m, v};
     for (int i = 0; i < 2; i++) {
-        zf_moments_columns_to_rows(zf, host_bufs[i], dev->host_moments);
+        zf_moments_transpose(zf, host_bufs[i], dev->host_moments, 1);
         // pageable source: the call returns once the host buffer may be reused
         cudaCheck(cudaMemcpy(device_bufs[i], dev->host_moments, n * sizeof(float), cudaMemcpyHostToDevice));
     }

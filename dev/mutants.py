@@ -6,7 +6,7 @@ left out, a moment reset instead of migrated). For each, this script copies the 
 a scratch folder, makes that one change, rebuilds what the change touches, and runs the
 tests named for it, in order, until one fails. A test that fails "kills" the mutant; a
 mutant that every named test passes SURVIVES: the tests cannot see that bug. The table at
-the end is the measurement (the last one, and what the first run found: docs/mutants.md).
+the end is the measurement (the last full run: docs/testing.md, "Mutation testing").
 A survivor is either a gap to close with a test, or a change that cannot alter any result
 (an "equivalent" mutant), which the list then says and drops.
 
@@ -153,11 +153,11 @@ MUTANTS = [
      "7 the gather overwrites a staging buffer whose copy out may still run", ["emu", "copies"]),
     ("G3", "zenflow.cuh", "    zf_cuda_compute_waits(dev, st->h2d_done);\n    int count, k = 0, i0, i1;",
      "    int count, k = 0, i0, i1;", "4.6 the apply scatters before the upload has landed", ["emu", "copies"]),
-    ("G4", "zenflow.cuh", "            sum += x * x;", "            sum += fabsf(x);",
+    ("G4", "llmc/cuda_kernels.cuh", "sum += squares ? v * v : v;", "sum += squares ? fabsf(v) : v;",
      "4.2.2 column scores by sum of abs(g) instead of sum of g^2", ["emu"]),
-    ("G5", "zenflow.cuh", "for (int y = 0; y < 8; y++) { total += s[y][threadIdx.x]; }",
+    ("G5", "llmc/cuda_kernels.cuh", "for (int y = 0; y < 8; y++) { total += s[y][threadIdx.x]; }",
      "for (int y = 0; y < 7; y++) { total += s[y][threadIdx.x]; }",
-     "4.2.2 column scores leave out every eighth row", ["emu"]),
+     "the column sums (bias gradients, 4.2.2 column scores) leave out every eighth row", ["emu"]),
     ("G6", "zenflow.cuh", "vec->n, h.lr,\n                     h.beta1, h.beta2, h.eps, 0.0f, step);",
      "vec->n, h.lr,\n                     h.beta1, h.beta2, h.eps, h.weight_decay, step);",
      "1 weight decay on the vectors (GPU)", ["emu"]),

@@ -212,6 +212,42 @@ __global__ void column_sum_finalize_kernel(float* __restrict__ out, const float*
     out[c] += sum;
 }
 
+// pass 1 of the column sums of x (rows, cols), or of its squares (squares = 1)
+__global__ void column_sums_partial_kernel(float* __restrict__ partial,  // (chunks, cols)
+                                           const float* __restrict__ x,  // (rows, cols)
+                                           int rows, int cols, int rows_per_chunk, int squares) {
+    __shared__ float s[8][32];
+    int c = blockIdx.x * 32 + threadIdx.x;
+    int r0 = blockIdx.y * rows_per_chunk;
+    int r1 = min(r0 + rows_per_chunk, rows);
+    float sum = 0.0f;
+    if (c < cols) {
+        for (int r = r0 + threadIdx.y; r < r1; r += 8) {
+            float v = x[(size_t)r * cols + c];
+            sum += squares ? v * v : v;
+        }
+    }
+    s[threadIdx.y][threadIdx.x] = sum;
+    __syncthreads();
+    if (threadIdx.y == 0 && c < cols) {
+        float total = 0.0f;
+        for (int y = 0; y < 8; y++) { total += s[y][threadIdx.x]; }
+        partial[(size_t)blockIdx.y * cols + c] = total;
+    }
+}
+
+// out[c] += sum over rows r of x[r, c] (squares = 1: of x[r, c]^2), both passes.
+// scratch: at least COLSUM_MAX_CHUNKS * cols floats.
+static inline void column_sums(float* out, float* scratch, const float* x, int rows, int cols, int squares) {
+    int rows_per_chunk = colsum_rows_per_chunk(rows), chunks = ceil_div(rows, rows_per_chunk);
+    column_sums_partial_kernel<<<dim3(ceil_div(cols, 32), chunks), dim3(32, 8)>>>(scratch, x, rows, cols,
+                                                                                  rows_per_chunk, squares);
+    cudaCheck(cudaGetLastError());
+    const int block = 256;
+    column_sum_finalize_kernel<<<ceil_div(cols, block), block>>>(out, scratch, chunks, cols);
+    cudaCheck(cudaGetLastError());
+}
+
 // ----------------------------------------------------------------------------
 // encoder: token + position embeddings
 
@@ -354,8 +390,7 @@ __global__ void layernorm_backward_input_kernel(float* __restrict__ dinp,       
                                                 const float* __restrict__ dout,  // (N, C)
                                                 const float* __restrict__ inp,   // (N, C)
                                                 const float* __restrict__ weight,  // (C)
-                                                const float* __restrict__ mean,
-                                                const float* __restrict__ rstd,  // (N), (N)
+                                                const float* __restrict__ mean, const float* __restrict__ rstd,  // (N), (N)
                                                 int N, int C) {
     int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (row >= N) { return; }
@@ -644,36 +679,9 @@ static inline void matmul_forward(float* out, const float* inp, const float* wei
     if (bias != NULL && !bias_in_epilogue) { add_bias(out, bias, BT, OC); }
 }
 
-// pass 1 of dbias[o] += sum_rows dout[r, o] (see column sums above)
-__global__ void bias_grad_partial_kernel(float* __restrict__ partial,     // (chunks, OC)
-                                         const float* __restrict__ dout,  // (N, OC)
-                                         int N, int OC, int rows_per_chunk) {
-    __shared__ float s[8][32];
-    int o = blockIdx.x * 32 + threadIdx.x;
-    int r0 = blockIdx.y * rows_per_chunk;
-    int r1 = min(r0 + rows_per_chunk, N);
-    float sum = 0.0f;
-    if (o < OC) {
-        for (int r = r0 + threadIdx.y; r < r1; r += 8) { sum += dout[(size_t)r * OC + o]; }
-    }
-    s[threadIdx.y][threadIdx.x] = sum;
-    __syncthreads();
-    if (threadIdx.y == 0 && o < OC) {
-        float total = 0.0f;
-        for (int y = 0; y < 8; y++) { total += s[y][threadIdx.x]; }
-        partial[(size_t)blockIdx.y * OC + o] = total;
-    }
-}
-
 // dbias += column sums of dout (N, OC). scratch: at least COLSUM_MAX_CHUNKS * OC floats.
 static inline void bias_backward(float* dbias, float* scratch, const float* dout, int N, int OC) {
-    int rows_per_chunk = colsum_rows_per_chunk(N), chunks = ceil_div(N, rows_per_chunk);
-    bias_grad_partial_kernel<<<dim3(ceil_div(OC, 32), chunks), dim3(32, 8)>>>(scratch, dout, N, OC,
-                                                                              rows_per_chunk);
-    cudaCheck(cudaGetLastError());
-    const int block = 256;
-    column_sum_finalize_kernel<<<ceil_div(OC, block), block>>>(dbias, scratch, chunks, OC);
-    cudaCheck(cudaGetLastError());
+    column_sums(dbias, scratch, dout, N, OC, 0);
 }
 
 // The CPU's matmul_backward, except that dinp is OVERWRITTEN (the trainer never needs to add
@@ -737,9 +745,9 @@ __global__ void softmax_forward_kernel(float* __restrict__ att, const float* __r
                                        float scale, int rows, int T) {
     int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (row >= rows) { return; }
-    int t = row % T;
     const float* pre = preatt + (size_t)row * T;
     float* a = att + (size_t)row * T;
+    int t = row % T;  // the query's position: keys t2 <= t take part
     float maxval = -INFINITY;
     for (int t2 = lane; t2 <= t; t2 += 32) { maxval = fmaxf(maxval, pre[t2] * scale); }
     maxval = warp_max(maxval);
@@ -837,57 +845,54 @@ static inline void attention_backward(float* dqkv, float* datt, float* dqkvr, co
 
 static inline int elementwise_blocks(size_t n, int block) { return ceil_div(n, (size_t)block * ELEMENTS_PER_THREAD); }
 
-// GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
-__global__ void gelu_forward_kernel(float* __restrict__ out, const float* __restrict__ inp, size_t n) {
-    size_t base = (size_t)blockIdx.x * blockDim.x * ELEMENTS_PER_THREAD + threadIdx.x;
-#pragma unroll
-    for (int j = 0; j < ELEMENTS_PER_THREAD; j++) {
-        size_t i = base + (size_t)j * blockDim.x;
-        if (i < n) {
-            float x = inp[i];
-            float cube = 0.044715f * x * x * x;
-            out[i] = 0.5f * x * (1.0f + tanhf(GELU_SCALE * (x + cube)));
-        }
-    }
+// the j-th element of this thread: a block's threads take ELEMENTS_PER_THREAD consecutive
+// runs of blockDim.x elements, so each load of a warp is 32 consecutive floats
+__device__ inline size_t elementwise_index(int j) {
+    return ((size_t)blockIdx.x * ELEMENTS_PER_THREAD + j) * blockDim.x + threadIdx.x;
 }
 
-// in place: d[i] = gelu'(inp[i]) * d[i]  (the CPU adds into a zeroed buffer: the same value)
-__global__ void gelu_backward_kernel(float* __restrict__ d, const float* __restrict__ inp, size_t n) {
-    size_t base = (size_t)blockIdx.x * blockDim.x * ELEMENTS_PER_THREAD + threadIdx.x;
+// GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+__device__ inline float gelu_tanh_arg(float x) {
+    float cube = 0.044715f * x * x * x;
+    return GELU_SCALE * (x + cube);
+}
+
+__device__ inline float gelu(float x) { return 0.5f * x * (1.0f + tanhf(gelu_tanh_arg(x))); }
+
+__device__ inline float gelu_grad(float x) {
+    float th = tanhf(gelu_tanh_arg(x));
+    float sech2 = 1.0f - th * th;
+    return 0.5f * (1.0f + th) + 0.5f * x * sech2 * GELU_SCALE * (1.0f + 3.0f * 0.044715f * x * x);
+}
+
+// forward: out[i] = gelu(inp[i]); backward, in place: out[i] = gelu'(inp[i]) * out[i] (the
+// CPU adds into a zeroed buffer: the same value)
+__global__ void gelu_kernel(float* __restrict__ out, const float* __restrict__ inp, size_t n, int backward) {
 #pragma unroll
     for (int j = 0; j < ELEMENTS_PER_THREAD; j++) {
-        size_t i = base + (size_t)j * blockDim.x;
-        if (i < n) {
-            float x = inp[i];
-            float cube = 0.044715f * x * x * x;
-            float th = tanhf(GELU_SCALE * (x + cube));
-            float sech2 = 1.0f - th * th;
-            float grad = 0.5f * (1.0f + th) +
-                         0.5f * x * sech2 * GELU_SCALE * (1.0f + 3.0f * 0.044715f * x * x);
-            d[i] = grad * d[i];
-        }
+        size_t i = elementwise_index(j);
+        if (i < n) { out[i] = backward ? gelu_grad(inp[i]) * out[i] : gelu(inp[i]); }
     }
 }
 
 __global__ void residual_forward_kernel(float* __restrict__ out, const float* __restrict__ a,
                                         const float* __restrict__ b, size_t n) {
-    size_t base = (size_t)blockIdx.x * blockDim.x * ELEMENTS_PER_THREAD + threadIdx.x;
 #pragma unroll
     for (int j = 0; j < ELEMENTS_PER_THREAD; j++) {
-        size_t i = base + (size_t)j * blockDim.x;
+        size_t i = elementwise_index(j);
         if (i < n) { out[i] = a[i] + b[i]; }
     }
 }
 
 static inline void gelu_forward(float* out, const float* inp, size_t n) {
     const int block = 256;
-    gelu_forward_kernel<<<elementwise_blocks(n, block), block>>>(out, inp, n);
+    gelu_kernel<<<elementwise_blocks(n, block), block>>>(out, inp, n, 0);
     cudaCheck(cudaGetLastError());
 }
 
 static inline void gelu_backward_inplace(float* d, const float* inp, size_t n) {
     const int block = 256;
-    gelu_backward_kernel<<<elementwise_blocks(n, block), block>>>(d, inp, n);
+    gelu_kernel<<<elementwise_blocks(n, block), block>>>(d, inp, n, 1);
     cudaCheck(cudaGetLastError());
 }
 

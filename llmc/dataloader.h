@@ -43,11 +43,7 @@ static inline void dataloader_load_shard(DataLoader* loader, size_t index) {
     FILE* fp = fopenCheck(path, "rb");
     int header[256];
     freadCheck(header, sizeof(int), 256, fp, path);
-    if (header[0] != SHARD_MAGIC) {
-        fatal("%s: bad magic %d, expected %d (hint: not a token shard; make one with "
-                "scripts/prepare_tinyshakespeare.py)",
-                path, header[0], SHARD_MAGIC);
-    }
+    check_magic(path, header[0], SHARD_MAGIC, "not a token shard; make one with scripts/prepare_tinyshakespeare.py");
     if (header[1] != SHARD_VERSION) {
         fatal("%s: shard version %d, expected %d", path, header[1], SHARD_VERSION);
     }

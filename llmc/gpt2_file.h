@@ -124,11 +124,7 @@ static inline GPT2Config gpt2_read_model_header(FILE* fp, const char* path) {
                 file_size);
     }
     freadCheck(header, sizeof(int), 256, fp, path);
-    if (header[0] != GPT2_MODEL_MAGIC) {
-        fatal("%s: bad magic %d, expected %d (hint: not an llm.c model file; make one with "
-                "scripts/gpt2_reference.py init)",
-                path, header[0], GPT2_MODEL_MAGIC);
-    }
+    check_magic(path, header[0], GPT2_MODEL_MAGIC, "not an llm.c model file; make one with scripts/gpt2_reference.py init");
     if (header[1] != GPT2_MODEL_VERSION_FP32) {
         fatal("%s: model version %d, expected %d (fp32) (hint: version 5 is llm.c's bf16 file; "
                 "use the fp32 gpt2_124M.bin)",

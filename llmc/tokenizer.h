@@ -37,10 +37,7 @@ static inline void tokenizer_init(Tokenizer* tok, const char* path) {
     }
     int header[256];
     freadCheck(header, sizeof(int), 256, fp, path);
-    if (header[0] != TOKENIZER_MAGIC) {
-        fatal("%s: bad magic %d, expected %d (hint: not a tokenizer file)", path, header[0],
-                TOKENIZER_MAGIC);
-    }
+    check_magic(path, header[0], TOKENIZER_MAGIC, "not a tokenizer file");
     if (header[1] == 1) {  // GPT-2's tokens, the <|endoftext|> id implied
         if (header[2] != 50257) {
             fatal("%s: a version 1 tokenizer has GPT-2's 50257 tokens, this one %d (hint: write it "

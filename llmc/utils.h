@@ -93,6 +93,11 @@ static inline void* calloc_check(size_t count, size_t size, const char* file, in
 }
 #define callocCheck(count, size) calloc_check(count, size, __FILE__, __LINE__)
 
+// the first word of a file's header: one line naming the file and what it should be
+static inline void check_magic(const char* path, int magic, int expected, const char* hint) {
+    if (magic != expected) { fatal("%s: bad magic %d, expected %d (hint: %s)", path, magic, expected, hint); }
+}
+
 // size of a regular file in bytes, or -1 if it cannot be stat'ed
 static inline long long file_size_bytes(const char* path) {
     struct stat st;
