@@ -71,7 +71,7 @@ def plot(rows, out, title=None):
             first = i == 0
             ax.bar(x, comp, w, color=colors["compute"], label="compute" if first else None)
             ax.bar(x, stall, w, bottom=comp, color=colors["stall"],
-                   label="stall (waiting for the CPU)" if first else None)
+                   label="stall (waiting for the CPU or a copy)" if first else None)
             ax.bar(x, other, w, bottom=comp + stall, color=colors["other"],
                    label="other (transfers, accumulate, ...)" if first else None)
             ax.text(x, step, f"{step:.0f} ms\n{100 * stall / step if step else 0:.0f}% stall",
@@ -83,7 +83,7 @@ def plot(rows, out, title=None):
                         fontsize=8, color="#8c4a1a")
             lab = r["mode"]
             if r["d2h"] is not None and r["h2d"] is not None:
-                lab += f"\nPCIe MB/step:\n{r['d2h']:.0f} down, {r['h2d']:.0f} up"
+                lab += f"\nPCIe MB/step\ndown {r['d2h']:.0f}\nup {r['h2d']:.0f}"
             labels.append(lab)
         ax.set_xticks(range(len(mine)))
         ax.set_xticklabels(labels, fontsize=9)
