@@ -113,8 +113,8 @@ cuda_dev:
 # the same sources, their launches rewritten line for line by cu2cpp.py, compiled by g++
 # with the emulator's cuda_runtime.h and cublasLt.h first on the include path. Needs neither
 # nvcc nor a GPU. The _asan build adds AddressSanitizer (out-of-bounds device accesses).
-EMU_SRC = train_gpt2.cu test_gpt2.cu zenflow.cuh $(wildcard llmc/*.cuh) $(wildcard dev/cuda/*.cu) dev/cuda/common.h \
-          $(HEADERS) dev/test/test_common.h
+EMU_SRC = train_gpt2.cu test_gpt2.cu zenflow.cuh $(wildcard llmc/*.cuh) $(wildcard dev/cuda/*.cu) $(wildcard dev/cuda/*.h) \
+          dev/train_gpt2.cpp $(HEADERS) dev/test/test_common.h
 # dev/cuda's validations too (ZF_SKIP_BENCHMARKS=1 in make test: emulated timings mean nothing)
 EMU_DEV_CUDA = $(patsubst dev/cuda/%.cu,build/emu/dev_cuda/%,$(wildcard dev/cuda/*.cu))
 EMU_DEPS = build/emu/src/.stamp $(HEADERS) dev/test/test_common.h dev/cuda/emu/cuda_runtime.h dev/cuda/emu/cublasLt.h

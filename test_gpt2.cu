@@ -1,62 +1,29 @@
 /*
-Tests the CUDA trainer against the PyTorch reference (scripts/gpt2_reference.py), with the
-same case directories and the same checks as the CPU test (dev/test/test_gpt2.cpp):
+Tests the CUDA trainer against the PyTorch reference (scripts/gpt2_reference.py and
+scripts/zenflow_reference.py), on the case directories and with the checks and tolerances
+of the CPU tests (dev/test/test_gpt2.cpp, dev/test/test_zenflow.cpp):
 
-  ./test_gpt2cu <case dir> [<case dir> ...]
+  ./test_gpt2cu <case dir> [<case dir> ...]        (the cases: dev/test/make_refs.sh)
 
-Each case directory is written by dev/test/make_refs.sh; a directory with zenflow.txt
-is a ZenFlow case (see part 4 below), any other holds:
-  model.bin   the model (llm.c v3 file)          state.bin   one batch: x, y, logits, loss, grads
-  train.bin   the token shard to train on        losses.txt  the reference loss of every step
-  case.txt    "B T steps lr wd" of the run
-
-Checks, each printed with its numbers:
-  1. logits, loss and all 16 gradient tensors of the debug batch (and that the padded rows
-     of the wte gradient are exactly 0);
-  2. the AdamW loss trajectory over `steps` steps on consecutive batches of train.bin;
-  3. determinism: two runs of 3 steps from the same start give bitwise-equal losses and
-     parameters (no atomics, one cuBLASLt algorithm per shape).
-  4. ZenFlow (zenflow.cuh through zenflow.h's zf_step), on the zenflow cases (zf_*, from
-     scripts/zenflow_reference.py: model.bin, train.bin, case.txt, zenflow.txt, losses.txt,
-     selections.txt), in both accumulations (-za cpu and gpu; adamw and offload have one):
-     - the columns chosen at every selection and the loss of every step against the
-       reference (losses 2e-5 absolute, as the AdamW trajectory). Where the selections
-       differ only in columns whose reference scores lie within 1e-4 (relative) of the
-       boundary score, that is reported as a NEAR-TIE and the losses are compared up to
-       that step: two correct implementations sum the scores in different orders and may
-       legitimately pick differently there. (The CPU test's near-tie band is 1e-5. This one
-       is 10x wider, a guess, not a measurement: cuBLASLt's sums (tiles, split-K) differ
-       from the CPU's more than the CPU's differ from PyTorch's, and a legitimate tie
-       rejected on a GPU machine would cost a rerun. It is not free: every loss after a tie
-       goes unchecked. But it can only accept swapped columns whose REFERENCE scores are
-       that close to the boundary, and in the fixed cases the narrowest boundary gap is
-       1.25e-4 (zf_c, measured), so there it accepts no tie at all; only random
-       cases, whose scores can tie, can end early, and the log says NEAR-TIE when they do.)
-     - exact invariants (bitwise losses and final parameters) on the first zenflow case:
-       -zo adamw == plain AdamW (gpt2_update); zenflow with U = 1, overlap off and S = 2
-       (moments migrate every other step) == adamw for k = 0.05, 0.1, 0.5 in both
-       accumulations; offload == adamw; a zenflow run with overlap twice, and again with
-       random delays in the updater thread (ZF_WORKER_DELAY_US), in both accumulations;
-       a checkpoint (zf_save_state / zf_load_state) in the middle of a window, resumed,
-       ends where the uninterrupted run ends.
-TF32 is OFF for all of them (plain fp32 matmuls); the TF32 errors are printed for
+A case directory holds model.bin, train.bin, case.txt ("B T steps lr wd"), losses.txt (the
+reference loss of every step) and state.bin (one batch: x, y, logits, loss, grads); a
+ZenFlow case (zf_*) holds zenflow.txt ("mode k U S W overlap") and selections.txt instead
+of state.bin. Checks, each printed with its numbers (the functions say their tolerances):
+  1. test_case: the debug batch's logits, loss and 16 gradient tensors, and the AdamW loss
+     trajectory over the case's steps;
+  2. test_determinism: two runs from the same start give the same bits;
+  3. test_zenflow_case: ZenFlow (zenflow.cuh through zenflow.h's zf_step) in both
+     accumulations: the columns of every selection and the loss of every step;
+  4. test_zenflow_invariants: what must hold bit for bit (adamw, U = 1, offload, overlap
+     with random updater delays, a checkpoint mid-window, per-layer transfers).
+TF32 is off for all of them (plain fp32 matmuls); the TF32 errors are printed for
 information only, since TF32 is the trainer's default.
 
-Tolerances: the CPU test's, unchanged (errors are "relative to the tensor": max |ours - ref|
-/ max |ref|): logits 1e-5, loss 1e-5 (absolute), gradients 1e-5, trajectory and ZenFlow
-losses 2e-5 (absolute, per step). On the emulator, over every case of make test, the errors
-are 7x or more below them (gradients <= 5e-7; trajectory and ZenFlow losses <= 2.9e-6, on
-the 50257-token vocab cases). A GPU should not need more (not yet measured on one: the
-first GPU run's test_gpt2cu.log prints every error). With TF32 off, cuBLAS rounds every
-product and sum in fp32 like the CPU; only the order of the sums differs (tiles, split-K),
-which gives errors of the same size as the CPU's own differences to PyTorch.
-expf/logf/tanhf/sqrtf on the GPU (without --use_fast_math) are within 2 ulp, about 1e-7
-relative, far below 1e-5. AdamW is bitwise spec 3.1 (built with -fmad=false). If the test
-fails by a small factor, look for a bug before widening a tolerance: the CPU test passes
-with the same numbers.
+  make refs test_gpt2cu && ./test_gpt2cu dev/test/ref/tiny dev/test/ref/zf_a
+  make refs emu && ./build/emu/test_gpt2cu dev/test/ref/tiny    (on the CPU emulator)
 
-Without a CUDA device the test prints "test_gpt2cu: SKIPPED (...)" and exits 0.
-Any failure makes the exit code 1. The last line is "test_gpt2cu: N passed, M failed".
+Without a CUDA device the test prints "test_gpt2cu: SKIPPED (...)" and exits 0. Any failure
+makes the exit code 1; the last line is "test_gpt2cu: N passed, M failed".
 */
 #define TESTING
 #include "train_gpt2.cu"
@@ -67,19 +34,62 @@ Any failure makes the exit code 1. The last line is "test_gpt2cu: N passed, M fa
 
 #include "dev/test/test_common.h"
 
+#define REPORT_WIDTH 62  // report_same pads its label to this width
+
 static double relative_error(const float* ours, const float* ref, size_t n) {
     double max_abs, max_ref;
     max_errors(ours, ref, n, &max_abs, &max_ref);
     return max_ref > 0.0 ? max_abs / max_ref : max_abs;
 }
 
+// zf_train_step's backward: this trainer's gpt2_backward takes B and T from the forward
+static void backward(GPT2* model, int, int) { gpt2_backward(model); }
+
+typedef struct {
+    std::vector<float> losses;
+    std::vector<float> params;  // after the run (and its drain)
+    long groups_out, groups_in; // transfer groups moved layer by layer (zenflow.h pipelining)
+    int num_layers;             // L, of the model file
+} ZfRun;
+
+// `steps` steps of plain AdamW (gpt2_update) from the case's model on its batches
+static ZfRun adamw_run(const char* dir, const CaseSettings* s, int steps) {
+    GPT2 model;
+    DataLoader loader;
+    case_open(dir, s, &model, &loader);
+    ZfRun out{};
+    for (int t = 0; t < steps; t++) {
+        dataloader_next_batch(&loader);
+        gpt2_forward(&model, loader.inputs, loader.targets, s->B, s->T);
+        gpt2_zero_grad(&model);
+        gpt2_backward(&model);
+        gpt2_update(&model, case_hyper(s), t + 1);
+        out.losses.push_back(model.mean_loss);
+    }
+    out.num_layers = model.config.num_layers;
+    out.params.resize(model.num_parameters);
+    gpt2_copy_params_to_host(&model, out.params.data());
+    dataloader_free(&loader);
+    gpt2_free(&model);
+    return out;
+}
+
+// The debug batch and the AdamW trajectory, with the CPU test's tolerances unchanged
+// (errors relative to the tensor: max |ours - ref| / max |ref|): logits 1e-5, loss 1e-5
+// (absolute), gradients 1e-5, the loss of every step 2e-5 (absolute); and the padded rows
+// of the wte gradient exactly 0. On the emulator, over every case of make test, the errors
+// are 7x or more below them (gradients <= 5e-7, losses <= 2.9e-6 on the 50257-token vocab
+// cases). With TF32 off, cuBLAS rounds every product and sum in fp32 like the CPU; only the
+// order of the sums differs (tiles, split-K), which gives errors of the size of the CPU's
+// own differences to PyTorch. expf/logf/tanhf/sqrtf on the GPU (without --use_fast_math)
+// are within 2 ulp, about 1e-7 relative. If the test fails by a small factor, look for a
+// bug before widening a tolerance: the CPU test passes with the same numbers.
 static void test_case(const char* dir) {
     char path[4096];
     CaseSettings s = read_case(dir);
     printf("== case %s (B=%d T=%d, %d steps, lr %g, wd %g)\n", dir, s.B, s.T, s.steps, s.lr, s.wd);
-    snprintf(path, sizeof(path), "%s/model.bin", dir);
     GPT2 model;
-    gpt2_build(&model, path, 0);
+    case_model(dir, &model);
     const GPT2Config* c = &model.config;
     printf("  model L=%d C=%d NH=%d V=%d Vp=%d maxT=%d, %zu parameters\n", c->num_layers, c->channels,
            c->num_heads, c->vocab_size, c->padded_vocab_size, c->max_seq_len, model.num_parameters);
@@ -94,23 +104,16 @@ static void test_case(const char* dir) {
     gpt2_copy_logits_to_host(&model, logits);
     compare_tensor("logits", logits, st.logits, n_logits, 1e-5);
     gpt2_forward(&model, st.inputs, st.targets, B, T);
-    double dloss = fabs((double)model.mean_loss - st.loss);
-    printf("  loss      ours %.7f  ref %.7f  |err| %.3e  %s\n", model.mean_loss, st.loss, dloss,
-           dloss <= 1e-5 ? "ok" : "FAIL");
-    check(dloss <= 1e-5, "loss differs by more than 1e-5");
     gpt2_zero_grad(&model);
     gpt2_backward(&model);
     float* grads = (float*)mallocCheck(model.num_parameters * sizeof(float));
     gpt2_copy_grads_to_host(&model, grads);
-    size_t sizes[NUM_PARAMETER_TENSORS], offset = 0;
-    gpt2_param_sizes(c, sizes);
-    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
-        compare_tensor(gpt2_tensor_names[i], grads + offset, st.grads + offset, sizes[i], 1e-5);
-        offset += sizes[i];
-    }
+    check_debug_batch(&st, c, model.mean_loss, grads);
     // the padded vocabulary rows take no part in the loss: their gradient is exactly 0
     int pad_zero = 1;
-    for (size_t i = (size_t)V * c->channels; i < sizes[0]; i++) { pad_zero = pad_zero && grads[i] == 0.0f; }
+    for (size_t i = (size_t)V * c->channels; i < (size_t)c->padded_vocab_size * c->channels; i++) {
+        pad_zero = pad_zero && grads[i] == 0.0f;
+    }
     printf("  wte rows %d..%d (padding): gradient %s\n", V, c->padded_vocab_size - 1,
            pad_zero ? "exactly 0  ok" : "NOT 0  FAIL");
     check(pad_zero, "the padded rows of the wte gradient are not 0");
@@ -127,96 +130,25 @@ static void test_case(const char* dir) {
     free(grads);
     free(logits);
     gpt2_free_debug_state(&st);
-
-    // 2. the AdamW trajectory on consecutive batches (the model is still the file's: no
-    // update ran above; its AdamW moments are still 0)
-    float* ref = (float*)mallocCheck((size_t)s.steps * sizeof(float));
-    snprintf(path, sizeof(path), "%s/losses.txt", dir);
-    int n = read_losses(path, ref, s.steps);
-    check(n == s.steps, "losses.txt has fewer steps than case.txt says");
-    snprintf(path, sizeof(path), "%s/train.bin", dir);
-    DataLoader loader;
-    dataloader_init(&loader, path, s.B, s.T, V);
-    ZfAdamHyper hyper = {s.lr, 0.9f, 0.95f, 1e-8f, s.wd};
-    double worst = 0.0;
-    for (int t = 0; t < n; t++) {
-        dataloader_next_batch(&loader);
-        gpt2_forward(&model, loader.inputs, loader.targets, s.B, s.T);
-        gpt2_zero_grad(&model);
-        gpt2_backward(&model);
-        gpt2_update(&model, hyper, t + 1);
-        double err = fabs((double)model.mean_loss - ref[t]);
-        if (!(err <= worst)) { worst = err; }
-        printf("  step %2d  loss ours %.6f  ref %.6f  |err| %.2e\n", t, model.mean_loss, ref[t], err);
-    }
-    printf("  trajectory: %d steps, max |err| %.3e  %s\n", n, worst, worst <= 2e-5 ? "ok" : "FAIL");
-    check(worst <= 2e-5, "loss trajectory differs by more than 2e-5");
-    free(ref);
-    dataloader_free(&loader);
     gpt2_free(&model);
+
+    // 2. the AdamW trajectory on consecutive batches, from the model file
+    check_losses(dir, adamw_run(dir, &s, s.steps).losses, INT_MAX, 1, "  ");
 }
 
-// ----------------------------------------------------------------------------
-// determinism: the same run twice gives the same bits
-
-// `steps` training steps from the case's model on its train.bin; losses (steps) and the
-// final parameters (num_parameters) to the host
-static void run_steps(const char* dir, int steps, float* losses, float** params_out, size_t* n_params) {
-    char path[4096];
-    CaseSettings s = read_case(dir);
-    snprintf(path, sizeof(path), "%s/model.bin", dir);
-    GPT2 model;
-    gpt2_build(&model, path, 0);
-    snprintf(path, sizeof(path), "%s/train.bin", dir);
-    DataLoader loader;
-    dataloader_init(&loader, path, s.B, s.T, model.config.vocab_size);
-    ZfAdamHyper hyper = {s.lr, 0.9f, 0.95f, 1e-8f, s.wd};
-    for (int t = 0; t < steps; t++) {
-        dataloader_next_batch(&loader);
-        gpt2_forward(&model, loader.inputs, loader.targets, s.B, s.T);
-        gpt2_zero_grad(&model);
-        gpt2_backward(&model);
-        gpt2_update(&model, hyper, t + 1);
-        losses[t] = model.mean_loss;
-    }
-    *n_params = model.num_parameters;
-    *params_out = (float*)mallocCheck(model.num_parameters * sizeof(float));
-    gpt2_copy_params_to_host(&model, *params_out);
-    dataloader_free(&loader);
-    gpt2_free(&model);
-}
-
+// Determinism: two runs of 3 steps from the same start give bitwise-equal losses and
+// parameters (no atomics, one cuBLASLt algorithm per shape).
 static void test_determinism(const char* dir) {
     printf("== determinism: two runs of 3 steps on %s\n", dir);
-    const int steps = 3;
-    float losses1[steps], losses2[steps];
-    float *params1 = NULL, *params2 = NULL;
-    size_t n1 = 0, n2 = 0;
-    run_steps(dir, steps, losses1, &params1, &n1);
-    run_steps(dir, steps, losses2, &params2, &n2);
-    int same_losses = memcmp(losses1, losses2, sizeof(losses1)) == 0;
-    size_t first_diff = n1;
-    for (size_t i = 0; i < n1 && n1 == n2; i++) {
-        if (memcmp(&params1[i], &params2[i], sizeof(float)) != 0) {
-            first_diff = i;
-            break;
-        }
-    }
-    int same_params = n1 == n2 && first_diff == n1;
-    printf("  losses %.7f %.7f %.7f: %s\n", losses1[0], losses1[1], losses1[2],
-           same_losses ? "bitwise equal" : "DIFFER");
-    if (same_params) {
-        printf("  parameters (%zu): bitwise equal\n", n1);
-    } else {
-        printf("  parameters DIFFER, first at element %zu\n", first_diff);
-    }
-    check(same_losses && same_params, "two identical runs differ (a non-deterministic kernel?)");
-    free(params1);
-    free(params2);
+    CaseSettings s = read_case(dir);
+    ZfRun first = adamw_run(dir, &s, 3), second = adamw_run(dir, &s, 3);
+    printf("  losses %.7f %.7f %.7f, %zu parameters\n", first.losses[0], first.losses[1], first.losses[2],
+           first.params.size());
+    report_same(same_run(first, second), "two identical runs (a non-deterministic kernel if not)", REPORT_WIDTH);
 }
 
 // ----------------------------------------------------------------------------
-// 4. ZenFlow
+// ZenFlow
 
 static int is_zenflow_case(const char* dir) {
     char path[4096];
@@ -224,35 +156,23 @@ static int is_zenflow_case(const char* dir) {
     return file_size_bytes(path) >= 0;
 }
 
-typedef struct {
-    std::vector<float> losses;
-    std::vector<float> params;  // after the run (and its drain)
-    long groups_out, groups_in; // transfer groups moved layer by layer (zenflow.h pipelining)
-    int num_layers;             // L, of the model file
-} ZfRun;
-
 // `steps` steps of the case's run with ZenFlow settings z (all of them if steps < 0); the
 // selection log goes to sel_path if not NULL. With save_at > 0 the run stops after that many
 // steps, writes its state (zf_save_state) and parameters, and a second ZenFlow on a fresh
 // model resumes from them (the checkpoint test).
 static ZfRun zf_run(const char* dir, const ZfCase* c, ZfConfig z, int steps, const char* sel_path,
                     int save_at = 0, int pipeline = 1) {
-    char path[4096];
     if (steps < 0) { steps = c->s.steps; }
-    snprintf(path, sizeof(path), "%s/model.bin", dir);
     GPT2 model;
-    gpt2_build(&model, path, 0);
-    snprintf(path, sizeof(path), "%s/train.bin", dir);
     DataLoader loader;
-    dataloader_init(&loader, path, c->s.B, c->s.T, model.config.vocab_size);
+    case_open(dir, &c->s, &model, &loader);
     ZenFlow zf;
     ZfCudaDevice dev;
     zf_cuda_init(&zf, &dev, model.params_memory, model.grads_memory, &model.config, z);
     if (sel_path != NULL) { zf.selection_log = fopenCheck(sel_path, "w"); }
     zf.pipeline = pipeline;  // as the trainer: the passes call the per-layer hooks
     model.zf = &zf;
-    ZfAdamHyper hyper = {c->s.lr, 0.9f, 0.95f, 1e-8f, c->s.wd};
-    ZfRun out;
+    ZfRun out{};
     for (int t = 0; t < steps; t++) {
         if (save_at > 0 && t == save_at) {  // checkpoint, tear everything down, resume
             FILE* fp = tmpfile();
@@ -263,8 +183,7 @@ static ZfRun zf_run(const char* dir, const ZfCase* c, ZfConfig z, int steps, con
             if (zf.selection_log != NULL) { fclose(zf.selection_log); }
             zf_cuda_free(&zf, &dev);
             gpt2_free(&model);
-            snprintf(path, sizeof(path), "%s/model.bin", dir);
-            gpt2_build(&model, path, 0);
+            case_model(dir, &model);
             cudaCheck(cudaMemcpy(model.params_memory, params.data(), params.size() * sizeof(float),
                                  cudaMemcpyHostToDevice));
             zf_cuda_init(&zf, &dev, model.params_memory, model.grads_memory, &model.config, z);
@@ -274,12 +193,7 @@ static ZfRun zf_run(const char* dir, const ZfCase* c, ZfConfig z, int steps, con
             zf_load_state(&zf, fp, "checkpoint test");
             fclose(fp);
         }
-        dataloader_next_batch(&loader);
-        gpt2_forward(&model, loader.inputs, loader.targets, c->s.B, c->s.T);
-        zf_before_backward(&zf, t);
-        gpt2_backward(&model);
-        zf_step(&zf, t, hyper);
-        out.losses.push_back(model.mean_loss);
+        out.losses.push_back(zf_train_step(&model, &loader, &zf, t, case_hyper(&c->s), backward));
     }
     zf_drain(&zf);
     out.groups_out = zf.groups_out;
@@ -294,14 +208,24 @@ static ZfRun zf_run(const char* dir, const ZfCase* c, ZfConfig z, int steps, con
     return out;
 }
 
-#define ZF_NEAR_TIE 1e-4  // relative to the boundary score (see the top of this file)
-#define REPORT_WIDTH 62   // report_same pads its label to this width
+// ZenFlow against the reference, in both accumulations (-za cpu and gpu; adamw and
+// offload have one): the columns chosen at every selection, and the loss of every step
+// within 2e-5 (absolute, as the AdamW trajectory). Where the selections differ only in
+// columns whose reference scores lie within ZF_NEAR_TIE (relative) of the boundary score,
+// that is reported as a NEAR-TIE and the losses are compared up to that step: two correct
+// implementations sum the scores in different orders and may pick differently there. The
+// CPU test's band is 1e-5; this one is 10x wider, a guess, not a measurement: cuBLASLt's
+// sums differ from the CPU's more than the CPU's differ from PyTorch's, and a legitimate tie
+// rejected on a GPU machine would cost a rerun. It is not free (every loss after a tie goes
+// unchecked), but it accepts only swapped columns whose REFERENCE scores are that close to
+// the boundary; in the fixed cases the narrowest boundary gap is 1.25e-4 (zf_c), so there
+// it accepts no tie at all. Only random cases, whose scores can tie, can end early, and the
+// log says NEAR-TIE when they do.
+#define ZF_NEAR_TIE 1e-4
 
 static void test_zenflow_case(const char* dir) {
     ZfCase c = read_zf_case(dir);
-    printf("== zenflow case %s: %s k=%g U=%d S=%d W=%d overlap=%d, %d steps (TF32 off)\n", dir,
-           zf_mode_names[c.z.mode], c.z.topk, c.z.update_interval, c.z.select_interval, c.z.warmup,
-           c.z.overlap, c.s.steps);
+    print_zf_case(dir, &c);
     int accumulations = c.z.mode == ZF_MODE_ZENFLOW ? 2 : 1;
     std::vector<float> by_accumulation[2];
     for (int tr = 0; tr < accumulations; tr++) {
@@ -324,53 +248,27 @@ static void test_zenflow_case(const char* dir) {
     }
 }
 
+// Exact invariants (losses and final parameters, bit for bit) on the first zenflow case:
+// -zo adamw == plain AdamW (gpt2_update); zenflow with U = 1, overlap off and S = 2 (the
+// moments migrate every other step) == adamw for k = 0.05, 0.1, 0.5 in both accumulations;
+// offload == adamw; a zenflow run with overlap twice, and again with random delays in the
+// updater thread (ZF_WORKER_DELAY_US), in both accumulations; a checkpoint (zf_save_state /
+// zf_load_state) in the middle of a window, resumed, ends where the uninterrupted run ends;
+// transfers layer by layer (-zp 1) == whole (-zp 0).
 static void test_zenflow_invariants(const char* dir) {
     printf("== ZenFlow exact invariants on %s (losses and final parameters, bit for bit)\n", dir);
     ZfCase c = read_zf_case(dir);
     char what[256];
-    // plain AdamW, the independent implementation
-    ZfRun plain;
-    {
-        char path[4096];
-        snprintf(path, sizeof(path), "%s/model.bin", dir);
-        GPT2 model;
-        gpt2_build(&model, path, 0);
-        snprintf(path, sizeof(path), "%s/train.bin", dir);
-        DataLoader loader;
-        dataloader_init(&loader, path, c.s.B, c.s.T, model.config.vocab_size);
-        ZfAdamHyper hyper = {c.s.lr, 0.9f, 0.95f, 1e-8f, c.s.wd};
-        for (int t = 0; t < c.s.steps; t++) {
-            dataloader_next_batch(&loader);
-            gpt2_forward(&model, loader.inputs, loader.targets, c.s.B, c.s.T);
-            gpt2_zero_grad(&model);
-            gpt2_backward(&model);
-            gpt2_update(&model, hyper, t + 1);
-            plain.losses.push_back(model.mean_loss);
-        }
-        plain.params.resize(model.num_parameters);
-        gpt2_copy_params_to_host(&model, plain.params.data());
-        dataloader_free(&loader);
-        gpt2_free(&model);
-    }
-    ZfConfig adamw = ZF_DEFAULTS;
-    adamw.mode = ZF_MODE_ADAMW;
-    ZfRun ref = zf_run(dir, &c, adamw, -1, NULL);
+    ZfRun plain = adamw_run(dir, &c.s, c.s.steps);  // plain AdamW, the independent implementation
+    ZfRun ref = zf_run(dir, &c, zf_mode_config(ZF_MODE_ADAMW), -1, NULL);
     report_same(same_run(ref, plain), "-zo adamw == plain AdamW (gpt2_update)", REPORT_WIDTH);
-    double ks[3] = {0.05, 0.1, 0.5};
     for (int tr = 0; tr < 2; tr++) {
-        for (double k : ks) {
-            ZfConfig z = ZF_DEFAULTS;
-            z.topk = k;
-            z.update_interval = 1;
-            z.overlap = 0;
-            z.select_interval = 2;
-            z.accumulate = tr;
+        for (double k : {0.05, 0.1, 0.5}) {
             snprintf(what, sizeof(what), "zenflow k=%.2f U=1 S=2 overlap off -za %s == adamw", k, zf_accumulate_names[tr]);
-            report_same(same_run(zf_run(dir, &c, z, -1, NULL), ref), what, REPORT_WIDTH);
+            report_same(same_run(zf_run(dir, &c, zf_settings(k, 1, 2, 0, 0, tr), -1, NULL), ref), what, REPORT_WIDTH);
         }
     }
-    ZfConfig off = ZF_DEFAULTS;
-    off.mode = ZF_MODE_OFFLOAD;
+    ZfConfig off = zf_mode_config(ZF_MODE_OFFLOAD);
     ZfRun offload = zf_run(dir, &c, off, -1, NULL);
     report_same(same_run(offload, ref), "offload == adamw", REPORT_WIDTH);
     report_same(same_run(zf_run(dir, &c, off, -1, NULL, 0, 0), ref), "offload, transfers whole (-zp 0) == adamw",
@@ -387,12 +285,7 @@ static void test_zenflow_invariants(const char* dir) {
 
     // determinism of the threaded path, with copies in flight; it must differ from adamw
     for (int tr = 0; tr < 2; tr++) {
-        ZfConfig z = ZF_DEFAULTS;
-        z.topk = 0.1;
-        z.update_interval = 3;
-        z.select_interval = 6;
-        z.overlap = 1;
-        z.accumulate = tr;
+        ZfConfig z = zf_settings(0.1, 3, 6, 0, 1, tr);
         ZfRun first = zf_run(dir, &c, z, -1, NULL), second = zf_run(dir, &c, z, -1, NULL);
         setenv("ZF_WORKER_DELAY_US", "3000", 1);
         ZfRun delayed = zf_run(dir, &c, z, -1, NULL);
@@ -419,10 +312,7 @@ static void test_zenflow_invariants(const char* dir) {
     // with random updater delays, and a checkpoint inside the longest window (where the
     // window's c sums carry the decision) resumes bit for bit
     for (int tr = 0; tr < 2; tr++) {
-        ZfConfig z = ZF_DEFAULTS;
-        z.update_interval = ZF_AUTO;
-        z.select_interval = 6;
-        z.accumulate = tr;
+        ZfConfig z = zf_settings(0.1, ZF_AUTO, 6, 0, 1, tr);
         char log_path[] = "/tmp/zf_gpu_windows_XXXXXX";
         make_temp_file(log_path);
         ZfRun first = zf_run(dir, &c, z, -1, log_path);

@@ -32,27 +32,17 @@
 #include <vector>
 #ifdef _OPENMP
 #include <omp.h>
+static int max_threads() { return omp_get_max_threads(); }  // OMP_NUM_THREADS or all cores
+static void set_threads(int nt) { omp_set_num_threads(nt); }
+#else
+static int max_threads() { return 1; }
+static void set_threads(int) {}
 #endif
 
 static double now_s() {
     return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-static int max_threads() {
-#ifdef _OPENMP
-    return omp_get_max_threads();  // OMP_NUM_THREADS or all cores
-#else
-    return 1;
-#endif
-}
-
-static void set_threads(int nt) {
-#ifdef _OPENMP
-    omp_set_num_threads(nt);
-#else
-    (void)nt;
-#endif
-}
 
 typedef struct {
     double best, median;  // seconds

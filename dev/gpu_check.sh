@@ -121,6 +121,22 @@ skip_stage() {
         return 1
     fi
 }
+# record_run ROW LOG RC: ROW from a program's log and exit status: SKIPPED when its last line
+# says so (no device), else PASS or FAIL by the status, with that last line
+record_run() {
+    local last
+    last=$(tail -1 "$2")
+    if grep -q "SKIPPED" <<<"$last"; then
+        record "$1" SKIPPED "$last"
+    else
+        record "$1" "$(status_word "$3")" "$last $(timeout_note "$3")"
+    fi
+}
+# no_trainer ROW: records ROW as SKIPPED, and succeeds, when train_gpt2cu did not build
+no_trainer() {
+    [ $rc_train -ne 0 ] || return 1
+    record "$1" SKIPPED "build failed"
+}
 
 # run_logged LOG TIMEOUT CMD...: runs with a timeout (cut to what is left of HARD_S), all
 # output to LOG; returns the status (124 or 137 when the time ran out). The tests' timeouts
@@ -236,12 +252,11 @@ build_dev_cuda() {  # with dev/cuda/Makefile, or nvcc directly where there is no
     else
         mkdir -p "$BUILD/cuda"
         local p pids=() rc=0
-        for p in encoder layernorm attention gelu residual classifier adamw matmul copy_engines; do
-            "$NVCC" $NVCCFLAGS "dev/cuda/$p.cu" -o "$BUILD/cuda/$p" $LIBS &
+        # (cpu_adam.cpp: for zenflow.cu, and the programs whose CPU references come from the CPU trainer)
+        for p in encoder layernorm attention gelu residual classifier adamw matmul copy_engines zenflow; do
+            "$NVCC" $NVCCFLAGS "dev/cuda/$p.cu" cpu_adam.cpp -o "$BUILD/cuda/$p" $LIBS &
             pids+=($!)
         done
-        "$NVCC" $NVCCFLAGS dev/cuda/zenflow.cu cpu_adam.cpp -o "$BUILD/cuda/zenflow" $LIBS &
-        pids+=($!)
         "$CXX" -O3 -march=native -std=c++17 -fopenmp -ffp-contract=off dev/cuda/zenflow_async.cpp cpu_adam.cpp \
             -o "$BUILD/cuda/zenflow_async" -lpthread -lm &
         pids+=($!)
@@ -324,13 +339,7 @@ elif [ ${#CASES[@]} -eq 0 ]; then
     record "test_gpt2cu" SKIPPED "no reference cases"
 else
     run_logged "$LOGDIR/test_gpt2cu.log" 120 "$BUILD/test_gpt2cu" "${CASES[@]}" "${ZF_CASES[@]}"
-    rc=$?
-    last=$(tail -1 "$LOGDIR/test_gpt2cu.log")
-    if grep -q "SKIPPED" <<<"$last"; then
-        record "test_gpt2cu" SKIPPED "$last"
-    else
-        record "test_gpt2cu" "$(status_word $rc)" "$last $(timeout_note $rc)"
-    fi
+    record_run "test_gpt2cu" "$LOGDIR/test_gpt2cu.log" $?
 fi
 
 # tiny_case_row ROW: records ROW as SKIPPED, and fails, when the CUDA trainer cannot run on
@@ -388,13 +397,7 @@ for p in copy_engines zenflow zenflow_async encoder layernorm attention gelu res
         continue
     fi
     run_logged "$LOGDIR/dev_cuda_$p.log" $limit "$BUILD/cuda/$p" "${args[@]}"
-    rc=$?
-    last=$(tail -1 "$LOGDIR/dev_cuda_$p.log")
-    if grep -q "SKIPPED" <<<"$last"; then
-        record "dev/cuda $p" SKIPPED "$last"
-    else
-        record "dev/cuda $p" "$(status_word $rc)" "$last $(timeout_note $rc)"
-    fi
+    record_run "dev/cuda $p" "$LOGDIR/dev_cuda_$p.log" $?
 done
 
 # ----------------------------------------------------------------------------
@@ -439,7 +442,7 @@ bench() {  # bench NAME SLUG B TF32 (SLUG names the log file)
     local name=$1 slug=$2 B=$3 tf32=$4 T=1024 steps=12
     local log="$LOGDIR/bench_$slug.log"
     skip_stage d12 "bench $name" && return
-    if [ $rc_train -ne 0 ]; then record "bench $name" SKIPPED "build failed"; return; fi
+    no_trainer "bench $name" && return
     run_logged "$log" 150 "$BUILD/train_gpt2cu" -e d12 -b "$B" -t "$T" -x $steps -v 0 -s 0 -f "$tf32" \
         -i "$TRAIN" -j "$VAL" -zo adamw
     local rc=$?
@@ -470,11 +473,7 @@ bench() {  # bench NAME SLUG B TF32 (SLUG names the log file)
 # (scripts/bench_llmc.sh; llm.c's source is build/llmc_ref, which scripts/get_llmc.sh fetches
 # and a remote run copies along; without it this says SKIPPED)
 LLMC_BENCH_MD=""
-if skip_stage llmc "bench vs llm.c"; then
-    :
-elif [ $rc_train -ne 0 ]; then
-    record "bench vs llm.c" SKIPPED "build failed"
-else
+if ! skip_stage llmc "bench vs llm.c" && ! no_trainer "bench vs llm.c"; then
     rm -f "$BUILD/bench_llmc/results.txt"  # never a stale one from an earlier run
     run_logged "$LOGDIR/bench_llmc.log" 150 bash scripts/bench_llmc.sh --bin "$BUILD/train_gpt2cu" \
         --out "$BUILD/bench_llmc" --train "$TRAIN" --val "$VAL"
@@ -524,11 +523,7 @@ fi
 
 # ZenFlow: the modes side by side, d12 and d48; it stops starting runs in time
 ZF_BENCH_MD=""
-if skip_stage zenflow "bench zenflow"; then
-    :
-elif [ $rc_train -ne 0 ]; then
-    record "bench zenflow" SKIPPED "build failed"
-else
+if ! skip_stage zenflow "bench zenflow" && ! no_trainer "bench zenflow"; then
     left=$(( BUDGET_S - ($(date +%s) - START) ))
     run_logged "$LOGDIR/bench_zenflow.log" $(( left + 60 )) bash scripts/bench_zenflow.sh --quick \
         --bin "$BUILD/train_gpt2cu" --out "$BUILD/bench_zenflow" --budget $(( left > 30 ? left - 30 : 1 ))
@@ -561,7 +556,7 @@ fi
 # 4..7 traced (-tr); draw them with scripts/plot_timeline.py --trace offload=... --trace zenflow=...
 for mode in offload zenflow; do
     skip_stage timeline "timeline $mode" && continue
-    if [ $rc_train -ne 0 ]; then record "timeline $mode" SKIPPED "build failed"; continue; fi
+    no_trainer "timeline $mode" && continue
     run_logged "$LOGDIR/timeline_$mode.log" 120 "$BUILD/train_gpt2cu" -e d12 -b 4 -t 1024 -x 8 -v 0 -s 0 \
         -i "$TRAIN" -j "$VAL" -zo $mode -tr "$LOGDIR/trace_d12_$mode.json" -tf 4 -tn 4
     rc=$?

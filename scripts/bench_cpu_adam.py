@@ -37,19 +37,10 @@ def f32(x):
 
 
 def adamw_spec(p, m, v, g, s, lr, wd):
-    """Spec 3.1, one eager fp32 op per step (so one rounding each, no fusion)."""
-    import torch
-    b1, b2, eps, lr, wd = f32(B1), f32(B2), f32(EPS), f32(lr), f32(wd)
-    omb1 = f32(1.0) - b1
-    omb2 = f32(1.0) - b2
-    bc1 = f32(1.0 - float(b1) ** s)  # double pow of the fp32 beta, then rounded to fp32
-    bc2 = f32(1.0 - float(b2) ** s)
-    m = b1 * m + omb1 * g
-    v = b2 * v + (omb2 * g) * g
-    mhat = m / bc1
-    vhat = v / bc2
-    p = p - lr * (mhat / (torch.sqrt(vhat) + eps) + wd * p)
-    return p, m, v
+    """Spec 3.1, one eager fp32 op per step (so one rounding each, no fusion): the PyTorch
+    reference's AdamW arithmetic (gpt2_reference.py); returns the new (p, m, v)."""
+    import gpt2_reference as ref  # imports torch: only where the check runs
+    return ref.HandAdamW({}, lr=lr, weight_decay=wd, beta1=B1, beta2=B2, eps=EPS).update(s, p, g, m, v, True)
 
 
 def hexf(x):

@@ -13,88 +13,8 @@ relative to the tensor). Timed with TF32 on and off.
 
   make -C dev/cuda && ../../build/cuda/attention
 */
+#include "cpu_reference.h"  // the CPU trainer's layer functions, named *_cpu
 #include "common.h"
-
-// ----------------------------------------------------------------------------
-// CPU reference (dev/train_gpt2.cpp)
-
-static void attention_forward_cpu(float* out, float* preatt, float* att, const float* qkv, int B, int T, int C,
-                                  int NH) {
-    const int C3 = 3 * C, hs = C / NH;
-    const float scale = 1.0f / sqrtf((float)hs);
-    for (int b = 0; b < B; b++) {
-        for (int t = 0; t < T; t++) {
-            for (int h = 0; h < NH; h++) {
-                const float* q = qkv + ((size_t)b * T + t) * C3 + h * hs;
-                float* pre = preatt + (((size_t)b * NH + h) * T + t) * T;
-                float* a = att + (((size_t)b * NH + h) * T + t) * T;
-                float maxval = -INFINITY;
-                for (int t2 = 0; t2 <= t; t2++) {
-                    const float* k = qkv + ((size_t)b * T + t2) * C3 + h * hs + C;
-                    float s = 0.0f;
-                    for (int i = 0; i < hs; i++) { s += q[i] * k[i]; }
-                    s = s * scale;
-                    pre[t2] = s;
-                    if (s > maxval) { maxval = s; }
-                }
-                float sum = 0.0f;
-                for (int t2 = 0; t2 <= t; t2++) {
-                    float e = expf(pre[t2] - maxval);
-                    a[t2] = e;
-                    sum += e;
-                }
-                float inv = 1.0f / sum;
-                for (int t2 = 0; t2 < T; t2++) { a[t2] = t2 <= t ? a[t2] * inv : 0.0f; }
-                float* o = out + ((size_t)b * T + t) * C + h * hs;
-                for (int i = 0; i < hs; i++) { o[i] = 0.0f; }
-                for (int t2 = 0; t2 <= t; t2++) {
-                    const float* v = qkv + ((size_t)b * T + t2) * C3 + h * hs + 2 * C;
-                    for (int i = 0; i < hs; i++) { o[i] += a[t2] * v[i]; }
-                }
-            }
-        }
-    }
-}
-
-static void attention_backward_cpu(float* dqkv, float* dpreatt, float* datt, const float* dout, const float* qkv,
-                                   const float* att, int B, int T, int C, int NH) {
-    const int C3 = 3 * C, hs = C / NH;
-    const float scale = 1.0f / sqrtf((float)hs);
-    for (int b = 0; b < B; b++) {
-        for (int h = 0; h < NH; h++) {
-            for (int t = 0; t < T; t++) {
-                const float* a = att + (((size_t)b * NH + h) * T + t) * T;
-                float* da = datt + (((size_t)b * NH + h) * T + t) * T;
-                float* dpre = dpreatt + (((size_t)b * NH + h) * T + t) * T;
-                const float* d = dout + ((size_t)b * T + t) * C + h * hs;
-                for (int t2 = 0; t2 <= t; t2++) {
-                    const float* v = qkv + ((size_t)b * T + t2) * C3 + h * hs + 2 * C;
-                    float* dv = dqkv + ((size_t)b * T + t2) * C3 + h * hs + 2 * C;
-                    float s = 0.0f;
-                    for (int i = 0; i < hs; i++) {
-                        s += v[i] * d[i];
-                        dv[i] += a[t2] * d[i];
-                    }
-                    da[t2] += s;
-                }
-                float dot = 0.0f;
-                for (int t2 = 0; t2 <= t; t2++) { dot += a[t2] * da[t2]; }
-                for (int t2 = 0; t2 <= t; t2++) { dpre[t2] += a[t2] * (da[t2] - dot); }
-                const float* q = qkv + ((size_t)b * T + t) * C3 + h * hs;
-                float* dq = dqkv + ((size_t)b * T + t) * C3 + h * hs;
-                for (int t2 = 0; t2 <= t; t2++) {
-                    const float* k = qkv + ((size_t)b * T + t2) * C3 + h * hs + C;
-                    float* dk = dqkv + ((size_t)b * T + t2) * C3 + h * hs + C;
-                    float g = dpre[t2] * scale;
-                    for (int i = 0; i < hs; i++) {
-                        dq[i] += k[i] * g;
-                        dk[i] += q[i] * g;
-                    }
-                }
-            }
-        }
-    }
-}
 
 // ----------------------------------------------------------------------------
 

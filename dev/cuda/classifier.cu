@@ -9,42 +9,8 @@ differ by ~sqrt(V) ulps (~1e-5 relative for V = 50257), hence tolerances of 1e-5
 
   make -C dev/cuda && ../../build/cuda/classifier
 */
+#include "cpu_reference.h"  // the CPU trainer's layer functions, named *_cpu
 #include "common.h"
-
-// ----------------------------------------------------------------------------
-// CPU reference (dev/train_gpt2.cpp), rows N = B*T
-
-static void softmax_crossentropy_forward_cpu(float* probs, float* losses, const float* logits, const int* targets,
-                                             int N, int V, int Vp) {
-    for (int bt = 0; bt < N; bt++) {
-        const float* x = logits + (size_t)bt * Vp;
-        float* p = probs + (size_t)bt * Vp;
-        float maxval = -INFINITY;
-        for (int i = 0; i < V; i++) { maxval = x[i] > maxval ? x[i] : maxval; }
-        float sum = 0.0f;
-        for (int i = 0; i < V; i++) {
-            p[i] = expf(x[i] - maxval);
-            sum += p[i];
-        }
-        for (int i = 0; i < V; i++) { p[i] = p[i] / sum; }
-        for (int i = V; i < Vp; i++) { p[i] = 0.0f; }
-        losses[bt] = -logf(p[targets[bt]]);
-    }
-}
-
-static void softmax_crossentropy_backward_cpu(float* dlogits, const float* probs, const int* targets, int N, int V,
-                                              int Vp) {
-    const float dloss = 1.0f / N;
-    for (int bt = 0; bt < N; bt++) {
-        float* d = dlogits + (size_t)bt * Vp;
-        const float* p = probs + (size_t)bt * Vp;
-        for (int i = 0; i < V; i++) {
-            float indicator = i == targets[bt] ? 1.0f : 0.0f;
-            d[i] = (p[i] - indicator) * dloss;
-        }
-        for (int i = V; i < Vp; i++) { d[i] = 0.0f; }
-    }
-}
 
 // ----------------------------------------------------------------------------
 
@@ -60,8 +26,8 @@ static void validate(int N, int V, uint64_t* rng) {
     float* probs = (float*)mallocCheck(n * sizeof(float));
     float* losses = (float*)mallocCheck(N * sizeof(float));
     float* dlogits = (float*)mallocCheck(n * sizeof(float));
-    softmax_crossentropy_forward_cpu(probs, losses, logits, targets, N, V, Vp);
-    softmax_crossentropy_backward_cpu(dlogits, probs, targets, N, V, Vp);
+    softmax_crossentropy_forward_cpu(probs, losses, logits, targets, N, 1, V, Vp);  // N rows: B = N, T = 1
+    softmax_crossentropy_backward_cpu(dlogits, probs, targets, N, 1, V, Vp);
     float* d_logits = to_device(logits, n);
     int* d_targets = to_device_ints(targets, N);
     float* d_losses = cuda_malloc(N * sizeof(float), "losses");

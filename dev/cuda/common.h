@@ -1,8 +1,9 @@
 /*
-Shared by the kernel files in dev/cuda (llm.c's dev/cuda convention): each file holds the
-CPU reference of one kernel family (the math of dev/train_gpt2.cpp), validates the
-trainer's kernels (llmc/cuda_kernels.cuh, the very code train_gpt2.cu runs) against it on
-random data at several sizes, then times them.
+Shared by the kernel files in dev/cuda (llm.c's dev/cuda convention): each file takes the
+CPU reference of one kernel family (the CPU trainer's own functions through cpu_reference.h,
+or, where the CPU trainer has none, a plain one of its own), validates the trainer's kernels
+(llmc/cuda_kernels.cuh, the very code train_gpt2.cu runs) against it on random data at
+several sizes, then times them.
 
 - validate_result: copies a device result back and compares it with the CPU reference,
   "relative to the tensor" like the tests (max |gpu - cpu| / max |cpu|); tolerance 0 means

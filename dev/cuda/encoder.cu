@@ -9,37 +9,8 @@ both directions must match the CPU bit for bit (tolerance 0).
 
   make -C dev/cuda && ../../build/cuda/encoder
 */
+#include "cpu_reference.h"  // the CPU trainer's layer functions, named *_cpu
 #include "common.h"
-
-// ----------------------------------------------------------------------------
-// CPU reference (dev/train_gpt2.cpp)
-
-static void encoder_forward_cpu(float* out, const int* inp, const float* wte, const float* wpe, int B, int T,
-                                int C) {
-    for (int b = 0; b < B; b++) {
-        for (int t = 0; t < T; t++) {
-            float* o = out + ((size_t)b * T + t) * C;
-            const float* we = wte + (size_t)inp[b * T + t] * C;
-            const float* pe = wpe + (size_t)t * C;
-            for (int c = 0; c < C; c++) { o[c] = we[c] + pe[c]; }
-        }
-    }
-}
-
-static void encoder_backward_cpu(float* dwte, float* dwpe, const float* dout, const int* inp, int B, int T,
-                                 int C) {
-    for (int b = 0; b < B; b++) {
-        for (int t = 0; t < T; t++) {
-            const float* d = dout + ((size_t)b * T + t) * C;
-            float* dwe = dwte + (size_t)inp[b * T + t] * C;
-            float* dpe = dwpe + (size_t)t * C;
-            for (int c = 0; c < C; c++) {
-                dwe[c] += d[c];
-                dpe[c] += d[c];
-            }
-        }
-    }
-}
 
 // ----------------------------------------------------------------------------
 

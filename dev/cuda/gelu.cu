@@ -10,29 +10,8 @@ last-ulp difference of tanh by up to ~5 (x * (1 + 3 * 0.044715 x^2) grows).
 
   make -C dev/cuda && ../../build/cuda/gelu
 */
+#include "cpu_reference.h"  // the CPU trainer's layer functions, named *_cpu
 #include "common.h"
-
-// ----------------------------------------------------------------------------
-// CPU reference (dev/train_gpt2.cpp)
-
-static void gelu_forward_cpu(float* out, const float* inp, size_t N) {
-    for (size_t i = 0; i < N; i++) {
-        float x = inp[i];
-        float cube = 0.044715f * x * x * x;
-        out[i] = 0.5f * x * (1.0f + tanhf(GELU_SCALE * (x + cube)));
-    }
-}
-
-static void gelu_backward_cpu(float* dinp, const float* inp, const float* dout, size_t N) {
-    for (size_t i = 0; i < N; i++) {
-        float x = inp[i];
-        float cube = 0.044715f * x * x * x;
-        float th = tanhf(GELU_SCALE * (x + cube));
-        float sech2 = 1.0f - th * th;
-        float grad = 0.5f * (1.0f + th) + 0.5f * x * sech2 * GELU_SCALE * (1.0f + 3.0f * 0.044715f * x * x);
-        dinp[i] += grad * dout[i];
-    }
-}
 
 // ----------------------------------------------------------------------------
 

@@ -10,58 +10,8 @@ agree to a few ulps times the length of the sums: 1e-5 for the forward, 1e-5 for
 
   make -C dev/cuda && ../../build/cuda/layernorm
 */
+#include "cpu_reference.h"  // the CPU trainer's layer functions, named *_cpu
 #include "common.h"
-
-// ----------------------------------------------------------------------------
-// CPU reference (dev/train_gpt2.cpp)
-
-static void layernorm_forward_cpu(float* out, float* mean, float* rstd, const float* inp, const float* weight,
-                                  const float* bias, int N, int C) {
-    const float eps = 1e-5f;
-    for (int bt = 0; bt < N; bt++) {
-        const float* x = inp + (size_t)bt * C;
-        float m = 0.0f;
-        for (int c = 0; c < C; c++) { m += x[c]; }
-        m = m / C;
-        float var = 0.0f;
-        for (int c = 0; c < C; c++) {
-            float diff = x[c] - m;
-            var += diff * diff;
-        }
-        var = var / C;
-        float s = 1.0f / sqrtf(var + eps);
-        float* o = out + (size_t)bt * C;
-        for (int c = 0; c < C; c++) { o[c] = (x[c] - m) * s * weight[c] + bias[c]; }
-        mean[bt] = m;
-        rstd[bt] = s;
-    }
-}
-
-static void layernorm_backward_cpu(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                                   const float* weight, const float* mean, const float* rstd, int N, int C) {
-    for (int bt = 0; bt < N; bt++) {
-        const float* d = dout + (size_t)bt * C;
-        const float* x = inp + (size_t)bt * C;
-        float m = mean[bt], s = rstd[bt];
-        float dnorm_mean = 0.0f, dnorm_norm_mean = 0.0f;
-        for (int c = 0; c < C; c++) {
-            float norm = (x[c] - m) * s;
-            float dnorm = weight[c] * d[c];
-            dnorm_mean += dnorm;
-            dnorm_norm_mean += dnorm * norm;
-        }
-        dnorm_mean = dnorm_mean / C;
-        dnorm_norm_mean = dnorm_norm_mean / C;
-        float* dx = dinp + (size_t)bt * C;
-        for (int c = 0; c < C; c++) {
-            float norm = (x[c] - m) * s;
-            float dnorm = weight[c] * d[c];
-            dx[c] += (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s;
-            dbias[c] += d[c];
-            dweight[c] += norm * d[c];
-        }
-    }
-}
 
 // ----------------------------------------------------------------------------
 
@@ -87,7 +37,7 @@ static void validate(int N, int C, uint64_t* rng) {
     float* d_rstd = cuda_malloc(N * sizeof(float), "rstd");
     float* d_scratch = cuda_malloc((size_t)2 * COLSUM_MAX_CHUNKS * C * sizeof(float), "scratch");
 
-    layernorm_forward_cpu(out, mean, rstd, inp, weight, bias, N, C);
+    layernorm_forward_cpu(out, mean, rstd, inp, weight, bias, N, 1, C);  // N rows: B = N, T = 1
     layernorm_forward(d_out, d_mean, d_rstd, d_inp, d_weight, d_bias, N, C);
     validate_result(d_out, out, NC, "layernorm_forward out", 1e-5);
     validate_result(d_mean, mean, N, "layernorm_forward mean", 1e-5);
@@ -96,7 +46,7 @@ static void validate(int N, int C, uint64_t* rng) {
     // the backward pass uses the CPU's mean/rstd on both sides, so it is tested on its own
     cudaCheck(cudaMemcpy(d_mean, mean, N * sizeof(float), cudaMemcpyHostToDevice));
     cudaCheck(cudaMemcpy(d_rstd, rstd, N * sizeof(float), cudaMemcpyHostToDevice));
-    layernorm_backward_cpu(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
+    layernorm_backward_cpu(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, 1, C);
     layernorm_backward(d_dinp, d_dweight, d_dbias, d_scratch, d_dout, d_inp, d_weight, d_mean, d_rstd, N, C);
     validate_result(d_dinp, dinp, NC, "layernorm_backward dinp", 1e-5);
     validate_result(d_dweight, dweight, C, "layernorm_backward dweight", 1e-4);

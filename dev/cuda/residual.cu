@@ -6,11 +6,8 @@ carries one dresidual buffer down the layers instead of running a kernel).
 
   make -C dev/cuda && ../../build/cuda/residual
 */
+#include "cpu_reference.h"  // the CPU trainer's layer functions, named *_cpu
 #include "common.h"
-
-static void residual_forward_cpu(float* out, const float* a, const float* b, size_t N) {
-    for (size_t i = 0; i < N; i++) { out[i] = a[i] + b[i]; }
-}
 
 static void validate(size_t n, uint64_t* rng) {
     printf("N=%zu\n", n);

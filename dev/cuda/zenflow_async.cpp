@@ -243,13 +243,9 @@ typedef struct {
 // with `pipeline` the passes call zenflow.h's per-layer hooks (transfers layer by layer)
 static Run run(const char* dir, const ZfCase* c, ZfConfig z, int kind, const char* sel_path, int save_at = 0,
                int pipeline = 0) {
-    char path[4096];
-    snprintf(path, sizeof(path), "%s/model.bin", dir);
     GPT2 model;
-    gpt2_build(&model, path, 0);
-    snprintf(path, sizeof(path), "%s/train.bin", dir);
     DataLoader loader;
-    dataloader_init(&loader, path, c->s.B, c->s.T, model.config.vocab_size);
+    case_open(dir, &c->s, &model, &loader);
     ZenFlow zf;
     LazyDevice* dev = new LazyDevice;
     if (kind == PLAIN) {
@@ -260,7 +256,6 @@ static Run run(const char* dir, const ZfCase* c, ZfConfig z, int kind, const cha
     if (sel_path != NULL) { zf.selection_log = fopenCheck(sel_path, "w"); }
     zf.pipeline = pipeline;
     model.zf = pipeline ? &zf : NULL;
-    ZfAdamHyper hyper = {c->s.lr, 0.9f, 0.95f, 1e-8f, c->s.wd};
     Run out;
     g_steps_done.store(0);
     g_prefetches = 0;
@@ -288,13 +283,8 @@ static Run run(const char* dir, const ZfCase* c, ZfConfig z, int kind, const cha
             zf_load_state(&zf, fp, "checkpoint test");
             fclose(fp);
         }
-        dataloader_next_batch(&loader);
-        gpt2_forward(&model, loader.inputs, loader.targets, c->s.B, c->s.T);
-        zf_before_backward(&zf, t);
-        gpt2_backward(&model, c->s.B, c->s.T);
-        zf_step(&zf, t, hyper);
+        out.losses.push_back(zf_train_step(&model, &loader, &zf, t, case_hyper(&c->s), gpt2_backward));
         g_steps_done.store(t + 1);
-        out.losses.push_back(model.mean_loss);
     }
     zf_drain(&zf);
     out.params.assign(model.params_memory, model.params_memory + model.num_parameters);
@@ -317,8 +307,7 @@ static Run run(const char* dir, const ZfCase* c, ZfConfig z, int kind, const cha
 
 static void test_case(const char* dir) {
     ZfCase c = read_zf_case(dir);
-    printf("== %s: %s k=%g U=%d S=%d W=%d overlap=%d, %d steps\n", dir, zf_mode_names[c.z.mode], c.z.topk,
-           c.z.update_interval, c.z.select_interval, c.z.warmup, c.z.overlap, c.s.steps);
+    print_zf_case(dir, &c);
     char what[256];
     Run plain = run(dir, &c, c.z, PLAIN, NULL);
     for (int kind = LATE; kind <= EARLY; kind++) {
@@ -337,27 +326,13 @@ static void test_case(const char* dir) {
     report_same(same_run(late, early), "-za gpu, late copies == early copies", REPORT_WIDTH);
     report_same(same_run(run(dir, &c, z, LATE, NULL, 0, 1), late), "-za gpu, late copies, per-layer transfers == whole",
                 REPORT_WIDTH);
-    char path[4096];
-    snprintf(path, sizeof(path), "%s/selections.txt", dir);
-    // against the reference as dev/test/test_zenflow.cpp compares: near-ties within 1e-5 of the
-    // boundary score are reported, and losses are compared up to the first one (tie_step)
-    int tie_step, events;
-    int ok = compare_selections(read_selections(sel_path), read_selections(path), 1e-5, "    ", &tie_step, &events);
-    check_windows(sel_path, path, tie_step, "    ");
-    remove(sel_path);
-    printf("  %-66s %s\n", "-za gpu, selections vs the reference", ok ? "identical (or near-ties)" : "DIFFER");
-    check(ok, "-za gpu: selections differ from the reference");
-    snprintf(path, sizeof(path), "%s/losses.txt", dir);
-    std::vector<double> ref = read_loss_file<double>(path);
-    double worst = 0.0, accumulations = 0.0;
-    int t = 0;
-    for (double loss : ref) {
-        if (t < (int)late.losses.size() && t <= tie_step) { worst = std::max(worst, fabs(late.losses[t] - loss)); }
-        if (t < (int)late.losses.size()) { accumulations = std::max(accumulations, fabs((double)late.losses[t] - plain.losses[t])); }
-        t++;
+    // against the reference as dev/test/test_zenflow.cpp compares (near-ties within 1e-5)
+    printf("  -za gpu, late copies, against the reference:\n");
+    check_zf_against_reference(dir, sel_path, late.losses, 1e-5, "    ");
+    double accumulations = 0.0;
+    for (size_t t = 0; t < late.losses.size() && t < plain.losses.size(); t++) {
+        accumulations = std::max(accumulations, fabs((double)late.losses[t] - plain.losses[t]));
     }
-    printf("  %-66s %.3e  %s\n", "-za gpu, max |loss - reference|", worst, worst <= 2e-5 ? "ok" : "FAIL");
-    check(worst <= 2e-5 && t == (int)late.losses.size(), "-za gpu: losses differ from the reference");
     printf("  %-66s %.3e  (info: spec 7)\n", "-za gpu vs -za cpu, max |loss difference|", accumulations);
 }
 
@@ -369,13 +344,7 @@ static void test_invariants(const char* dir) {
         {0.1, ZF_AUTO, 6, 0, 1}, {0.2, ZF_AUTO, 4, 1, 0}};  // (U = 0: auto, spec 6)
     for (auto& m : more) {
         for (int tr = 0; tr < 2; tr++) {
-            ZfConfig z = ZF_DEFAULTS;
-            z.topk = m.k;
-            z.update_interval = m.U;
-            z.select_interval = m.S;
-            z.warmup = m.W;
-            z.overlap = m.overlap;
-            z.accumulate = tr;
+            ZfConfig z = zf_settings(m.k, m.U, m.S, m.W, m.overlap, tr);
             char what[256];
             Run late = run(dir, &c, z, LATE, NULL);
             snprintf(what, sizeof(what), "k=%.1f U=%d S=%d W=%d overlap %s -za %s: late == early", m.k, m.U, m.S,
@@ -400,26 +369,15 @@ static void test_invariants(const char* dir) {
         }
     }
     printf("== exact invariants of -za gpu on %s (late copies)\n", dir);
-    ZfConfig adamw = ZF_DEFAULTS;
-    adamw.mode = ZF_MODE_ADAMW;
-    Run ref = run(dir, &c, adamw, PLAIN, NULL);
+    Run ref = run(dir, &c, zf_mode_config(ZF_MODE_ADAMW), PLAIN, NULL);
     char what[256];
-    double ks[3] = {0.05, 0.1, 0.5};
-    for (double k : ks) {
-        ZfConfig z = ZF_DEFAULTS;
-        z.topk = k;
-        z.update_interval = 1;
-        z.overlap = 0;
-        z.select_interval = 2;
-        z.accumulate = ZF_ACCUMULATE_GPU;
+    for (double k : {0.05, 0.1, 0.5}) {
+        ZfConfig z = zf_settings(k, 1, 2, 0, 0, ZF_ACCUMULATE_GPU);
         snprintf(what, sizeof(what), "zenflow k=%.2f U=1 S=2 overlap off -za gpu == adamw", k);
         report_same(same_run(run(dir, &c, z, LATE, NULL), ref), what, REPORT_WIDTH);
     }
     for (int tr = 0; tr < 2; tr++) {
-        ZfConfig z = ZF_DEFAULTS;
-        z.update_interval = 3;
-        z.select_interval = 6;
-        z.accumulate = tr;
+        ZfConfig z = zf_settings(0.1, 3, 6, 0, 1, tr);
         Run first = run(dir, &c, z, LATE, NULL);
         setenv("ZF_WORKER_DELAY_US", "2000", 1);
         Run delayed = run(dir, &c, z, LATE, NULL);
@@ -445,10 +403,7 @@ static void test_invariants(const char* dir) {
         report_same(same_run(sync, run(dir, &c, z, LATE, NULL, 4, 1)), what, REPORT_WIDTH);
         // auto U (spec 6): the decision of the step before a checkpoint, and the window's c
         // sums, are part of the state
-        z = ZF_DEFAULTS;
-        z.update_interval = ZF_AUTO;
-        z.select_interval = 6;
-        z.accumulate = tr;
+        z = zf_settings(0.1, ZF_AUTO, 6, 0, 1, tr);
         char win_path[] = "/tmp/zf_async_windows_XXXXXX";
         make_temp_file(win_path);
         Run autou = run(dir, &c, z, LATE, win_path, 0, 1);
@@ -481,10 +436,8 @@ static void test_never_waits_inside_a_window(const char* dir) {
     printf("== a window update held back until the next boundary stalls no step inside the window\n");
     for (int run_i = 0; run_i < 4; run_i++) {
         int auto_u = run_i % 2, tr = run_i / 2;
-        ZfConfig z = ZF_DEFAULTS;  // k 0.1, U 4, overlap
-        z.select_interval = 0;             // one selection, at t = 0: no drain inside a window
-        z.accumulate = tr;
-        if (auto_u) { z.update_interval = ZF_AUTO; }
+        // S = 0: one selection, at t = 0, so no drain inside a window
+        ZfConfig z = zf_settings(0.1, auto_u ? ZF_AUTO : 4, 0, 0, 1, tr);
         char win_path[] = "/tmp/zf_async_windows_XXXXXX";
         make_temp_file(win_path);
         Run free = run(dir, &c, z, LATE, win_path, 0, 1);

@@ -5,14 +5,18 @@ dev/cuda/zenflow_async.cpp (CPU trainer) and test_gpt2.cu (CUDA trainer).
   - check() and the g_passed / g_failed counters behind each program's summary line;
   - max_errors / compare_tensor: a tensor against its reference, error relative to the tensor;
   - the case directories of dev/test/make_refs.sh: read_case (case.txt "B T steps lr wd"),
-    read_zf_case (+ zenflow.txt "mode k U S W overlap [U_max]", U = 0: auto), read_losses / read_loss_file
+    read_zf_case (+ zenflow.txt "mode k U S W overlap [U_max]", U = 0: auto), read_losses
     (losses.txt), read_selections (selections.txt, or a trainer's selection log);
-  - compare_selections / check_selections: ZenFlow's column selections against the reference,
-    with the NEAR-TIE detection; check_zf_against_reference: a whole ZenFlow run against it;
+  - a case's run: case_open (its model and batches), case_hyper (its AdamW settings),
+    zf_train_step (one step of a ZenFlow run, as the trainers' main loops take it);
+  - against the reference: check_debug_batch (state.bin's loss and gradients), check_losses
+    (losses.txt), compare_selections / check_selections (ZenFlow's column selections, with
+    the NEAR-TIE detection), check_zf_against_reference (a whole ZenFlow run);
   - bitwise_equal / same_run / report_same: the exact (bitwise) invariants.
 
 Plain C++17, host code only. Include it AFTER the trainer (dev/train_gpt2.cpp or
-train_gpt2.cu): it uses the trainer's fopenCheck, fatal and ZenFlow's ZfConfig.
+train_gpt2.cu): it uses the trainer's GPT2, gpt2_build, gpt2_forward, fopenCheck and fatal,
+the data loader, and ZenFlow's ZfConfig and zf_step.
 */
 #pragma once
 
@@ -108,39 +112,124 @@ static inline ZfCase read_zf_case(const char* dir) {
     return c;
 }
 
+// the line that opens the checks of a zenflow case
+static inline void print_zf_case(const char* dir, const ZfCase* c) {
+    printf("== zenflow case %s: %s k=%g U=%d S=%d W=%d overlap=%d, %d steps\n", dir, zf_mode_names[c->z.mode],
+           c->z.topk, c->z.update_interval, c->z.select_interval, c->z.warmup, c->z.overlap, c->s.steps);
+}
+
 // reads the reference losses: lines "<t> <loss>", '#' lines are comments; strict: the steps
-// must be 0, 1, 2, ... and at most max_steps of them. Returns how many were read.
-static inline int read_losses(const char* path, float* losses, int max_steps) {
+// must be 0, 1, 2, ...
+static inline std::vector<float> read_losses(const char* path) {
+    std::vector<float> losses;
     FILE* fp = fopenCheck(path, "r");
     char line[1024];
-    int n = 0;
     while (fgets(line, sizeof(line), fp) != NULL) {
         if (line[0] == '#' || line[0] == '\n') { continue; }
         int t;
         double loss;
-        if (sscanf(line, "%d %lf", &t, &loss) != 2 || t != n || n >= max_steps) {
-            fatal("%s: bad line '%s' (expected step %d)", path, line, n);
+        if (sscanf(line, "%d %lf", &t, &loss) != 2 || t != (int)losses.size()) {
+            fatal("%s: bad line '%s' (expected step %zu)", path, line, losses.size());
         }
-        losses[n++] = (float)loss;
+        losses.push_back((float)loss);
     }
     fclose(fp);
-    return n;
+    return losses;
 }
 
-// reads the reference losses, lenient: the loss of every "<t> <loss>" line in order, other
-// lines and '#' lines are skipped. Real = double keeps the file's digits unrounded.
-template <typename Real = float>
-static inline std::vector<Real> read_loss_file(const char* path) {
-    std::vector<Real> out;
-    FILE* fp = fopenCheck(path, "r");
-    char line[1024];
-    while (fgets(line, sizeof(line), fp) != NULL) {
-        int t;
-        double loss;
-        if (line[0] != '#' && sscanf(line, "%d %lf", &t, &loss) == 2) { out.push_back((Real)loss); }
+// ----------------------------------------------------------------------------
+// a case's run
+
+// the case's model (model.bin)
+static inline void case_model(const char* dir, GPT2* model) {
+    char path[4096];
+    snprintf(path, sizeof(path), "%s/model.bin", dir);
+    gpt2_build(model, path, 0);
+}
+
+// the case's model and a loader of its batches (train.bin, B x T of case.txt)
+static inline void case_open(const char* dir, const CaseSettings* s, GPT2* model, DataLoader* loader) {
+    case_model(dir, model);
+    char path[4096];
+    snprintf(path, sizeof(path), "%s/train.bin", dir);
+    dataloader_init(loader, path, s->B, s->T, model->config.vocab_size);
+}
+
+// ZenFlow's settings for a test run: the trainers' defaults (zf_default_config) but for these;
+// U = ZF_AUTO: auto U (spec 6)
+static inline ZfConfig zf_settings(double k, int U, int S, int W, int overlap, int accumulate) {
+    ZfConfig z = ZF_DEFAULTS;
+    z.topk = k;
+    z.update_interval = U;
+    z.select_interval = S;
+    z.warmup = W;
+    z.overlap = overlap;
+    z.accumulate = accumulate;
+    return z;
+}
+
+// ZenFlow's other modes, ZF_MODE_ADAMW and ZF_MODE_OFFLOAD, with the defaults
+static inline ZfConfig zf_mode_config(ZfMode mode) {
+    ZfConfig z = ZF_DEFAULTS;
+    z.mode = mode;
+    return z;
+}
+
+// the case's AdamW settings (betas and eps as the reference's and the trainers' defaults)
+static inline ZfAdamHyper case_hyper(const CaseSettings* s) { return ZfAdamHyper{s->lr, 0.9f, 0.95f, 1e-8f, s->wd}; }
+
+// step t of a ZenFlow run, in the order of the trainers' main loops; returns its loss.
+// `backward` calls the trainer's gpt2_backward (the CPU trainer's takes B and T, the CUDA
+// trainer's not)
+static inline float zf_train_step(GPT2* model, DataLoader* loader, ZenFlow* zf, int t, ZfAdamHyper h,
+                                  void (*backward)(GPT2*, int, int)) {
+    dataloader_next_batch(loader);
+    gpt2_forward(model, loader->inputs, loader->targets, loader->B, loader->T);
+    zf_before_backward(zf, t);
+    backward(model, loader->B, loader->T);
+    zf_step(zf, t, h);
+    return model->mean_loss;
+}
+
+// ----------------------------------------------------------------------------
+// against the reference
+
+// The debug batch (state.bin) against the reference: our loss within 1e-5 (absolute), and
+// each of the 16 gradient tensors within 1e-5 relative to the tensor. `grads`: ours, every
+// parameter's, in file order.
+static inline void check_debug_batch(const GPT2DebugState* st, const GPT2Config* c, float loss, const float* grads) {
+    double dloss = fabs((double)loss - st->loss);
+    printf("  loss      ours %.7f  ref %.7f  |err| %.3e  %s\n", loss, st->loss, dloss, dloss <= 1e-5 ? "ok" : "FAIL");
+    check(dloss <= 1e-5, "loss differs by more than 1e-5");
+    size_t sizes[NUM_PARAMETER_TENSORS], offset = 0;
+    gpt2_param_sizes(c, sizes);
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+        compare_tensor(gpt2_tensor_names[i], grads + offset, st->grads + offset, sizes[i], 1e-5);
+        offset += sizes[i];
     }
-    fclose(fp);
-    return out;
+}
+
+// Our loss of every step against the case's losses.txt: as many steps, each within 2e-5
+// (absolute: both sides sum in fp32, in different orders, so they differ by a few ulps of
+// losses of 4 to 11), up to step `up_to` (the first near-tie, see compare_selections; INT_MAX:
+// every step). Prints every step with `verbose`, then one line with `indent`.
+static inline void check_losses(const char* dir, const std::vector<float>& ours, int up_to, int verbose,
+                                const char* indent) {
+    char path[4096];
+    snprintf(path, sizeof(path), "%s/losses.txt", dir);
+    std::vector<float> ref = read_losses(path);
+    check(ref.size() == ours.size(), "the reference has a different number of steps");
+    double worst = 0.0;
+    int compared = 0;
+    for (size_t t = 0; t < ref.size() && t < ours.size() && (int)t <= up_to; t++) {
+        double err = fabs((double)ours[t] - ref[t]);
+        if (!(err <= worst)) { worst = err; }  // also catches nan
+        if (verbose) { printf("%sstep %2zu  loss ours %.6f  ref %.6f  |err| %.2e\n", indent, t, ours[t], ref[t], err); }
+        compared++;
+    }
+    printf("%slosses: %d of %zu steps compared, max |err| vs reference %.3e  %s\n", indent, compared, ref.size(),
+           worst, worst <= 2e-5 ? "ok" : "FAIL");
+    check(worst <= 2e-5, "the losses differ from the reference by more than 2e-5");
 }
 
 // ----------------------------------------------------------------------------
@@ -312,29 +401,17 @@ static inline int check_selections(const std::vector<Selection>& ours, const std
 
 // A ZenFlow run against its case's reference (case dir `dir`): the selections of our log at
 // sel_path against selections.txt (near-ties within near_tie, see compare_selections), auto
-// U's windows, and the loss of every step up to the first near-tie (2e-5 absolute, the bound
-// of test_gpt2cpu's trajectory). Prints with `indent`; removes sel_path.
+// U's windows, and the loss of every step up to the first near-tie (check_losses). Prints
+// with `indent`; removes sel_path.
 static inline void check_zf_against_reference(const char* dir, const char* sel_path, const std::vector<float>& ours,
                                               double near_tie, const char* indent) {
-    char ref_sel[4096], ref_losses[4096];
+    char ref_sel[4096];
     snprintf(ref_sel, sizeof(ref_sel), "%s/selections.txt", dir);
-    snprintf(ref_losses, sizeof(ref_losses), "%s/losses.txt", dir);
     int tie_step = check_selections(read_selections(sel_path), read_selections(ref_sel), near_tie, indent,
                                     "ZenFlow selections differ from the reference");
     check_windows(sel_path, ref_sel, tie_step, indent);
     remove(sel_path);
-    std::vector<float> ref = read_loss_file(ref_losses);
-    check(ref.size() == ours.size(), "the reference has a different number of steps");
-    double worst = 0.0;
-    int compared = 0;
-    for (size_t t = 0; t < ref.size() && t < ours.size() && (int)t <= tie_step; t++) {
-        double err = fabs((double)ours[t] - ref[t]);
-        if (!(err <= worst)) { worst = err; }
-        compared++;
-    }
-    printf("%slosses: %d steps compared, first %.6f last %.6f, max |err| vs reference %.3e  %s\n", indent, compared,
-           ours.front(), ours.back(), worst, worst <= 2e-5 ? "ok" : "FAIL");
-    check(worst <= 2e-5, "ZenFlow losses differ from the reference by more than 2e-5");
+    check_losses(dir, ours, tie_step, 0, indent);
 }
 
 // ----------------------------------------------------------------------------

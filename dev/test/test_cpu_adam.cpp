@@ -16,6 +16,12 @@
 #include <vector>
 #ifdef _OPENMP
 #include <omp.h>
+static void set_threads(int nt) { omp_set_num_threads(nt); }
+static int max_test_threads() { return 4; }
+#else
+// built without OpenMP (the ThreadSanitizer build): one thread
+static void set_threads(int) {}
+static int max_test_threads() { return 1; }
 #endif
 
 static int g_passed = 0, g_failed = 0;
@@ -30,22 +36,6 @@ static void check(bool ok, const char* fmt, ...) {
     va_end(ap);
     fflush(stdout);
     if (ok) g_passed++; else g_failed++;
-}
-
-static void set_threads(int nt) {
-#ifdef _OPENMP
-    omp_set_num_threads(nt);
-#else
-    (void)nt;
-#endif
-}
-
-static int max_test_threads() {
-#ifdef _OPENMP
-    return 4;
-#else
-    return 1;
-#endif
 }
 
 // ---------------------------------------------------------------------------------------
@@ -246,6 +236,13 @@ static int log_job(void* arg) {
     return j->status;
 }
 
+// n jobs that log the ids 0 .. n-1, each working sleep_us first
+static std::vector<LogJob> log_jobs(std::vector<int>* log, int n, int sleep_us) {
+    std::vector<LogJob> jobs(n);
+    for (int i = 0; i < n; i++) jobs[i] = LogJob{log, i, 0, sleep_us, NULL};
+    return jobs;
+}
+
 static bool log_is_range(const std::vector<int>& log, int lo, int hi) {
     if ((int)log.size() != hi - lo) return false;
     for (int i = lo; i < hi; i++) if (log[i - lo] != i) return false;
@@ -256,10 +253,9 @@ static void test_updater_order() {
     ZfWorker* u = zf_worker_create(0);
     const int n = 2000;
     std::vector<int> log;
-    std::vector<LogJob> jobs(n);
+    std::vector<LogJob> jobs = log_jobs(&log, n, 0);
     bool tickets_ok = true;
     for (int i = 0; i < n; i++) {
-        jobs[i] = LogJob{&log, i, 0, 0, NULL};
         if (zf_worker_submit(u, log_job, &jobs[i]) != i) tickets_ok = false;
     }
     int rc = zf_worker_drain(u);
@@ -321,11 +317,8 @@ static void test_updater_errors() {
 static void test_updater_destroy_pending() {
     ZfWorker* u = zf_worker_create(0);
     std::vector<int> log;
-    std::vector<LogJob> jobs(50);
-    for (int i = 0; i < 50; i++) {
-        jobs[i] = LogJob{&log, i, 0, 500, NULL};
-        zf_worker_submit(u, log_job, &jobs[i]);
-    }
+    std::vector<LogJob> jobs = log_jobs(&log, 50, 500);
+    for (int i = 0; i < 50; i++) zf_worker_submit(u, log_job, &jobs[i]);
     int rc = zf_worker_destroy(u);  // returns only once all 50 have run
     check(rc == 0 && log_is_range(log, 0, 50), "updater: destroy with 50 pending jobs runs them all, in order");
     check(zf_worker_destroy(NULL) == 0, "updater: destroy(NULL) is a no-op");
@@ -404,9 +397,8 @@ static void test_updater_determinism() {
     setenv("ZF_WORKER_DELAY_US", "50", 1);
     ZfWorker* u = zf_worker_create(0);
     std::vector<int> log;
-    std::vector<LogJob> jobs(1000);
+    std::vector<LogJob> jobs = log_jobs(&log, 1000, 0);
     for (int i = 0; i < 1000; i++) {
-        jobs[i] = LogJob{&log, i, 0, 0, NULL};
         zf_worker_submit(u, log_job, &jobs[i]);
         if (i % 97 == 0) zf_worker_wait(u, i / 2);
     }

@@ -10,11 +10,9 @@ Everything runs on the CPU in a temporary directory, in well under a minute.
 
 import math
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
-import traceback
 
 import numpy as np
 import torch
@@ -22,6 +20,7 @@ import torch
 SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts")
 sys.path.insert(0, SCRIPTS)
 import gpt2_reference as ref  # noqa: E402
+import runner  # noqa: E402  dev/test/runner.py
 
 SCRIPT = os.path.join(SCRIPTS, "gpt2_reference.py")
 TMP = tempfile.mkdtemp(prefix="test_reference_")
@@ -445,23 +444,7 @@ def test_train_cli():
 
 def main():
     ref.setup_torch(1)
-    tests = [(name, fn) for name, fn in globals().items() if name.startswith("test_")]
-    passed = failed = 0
-    for name, fn in tests:
-        try:
-            fn()
-            print(f"ok   {name}")
-            passed += 1
-        except Exception:
-            print(f"FAIL {name}")
-            traceback.print_exc()
-            failed += 1
-    if failed:
-        print(f"(files of the failed checks kept in {TMP})")
-    else:
-        shutil.rmtree(TMP)
-    print(f"reference: {passed} passed, {failed} failed")
-    return 1 if failed else 0
+    return runner.run_test_functions("reference", globals(), TMP)
 
 
 if __name__ == "__main__":

@@ -39,28 +39,18 @@ zeroes the gradients, and the passes call the per-layer hooks (-zp 1, transfers 
 // if not NULL
 static std::vector<float> run(const char* dir, const ZfCase* c, ZfConfig z, const char* sel_path,
                               int pipeline = 1) {
-    char path[4096];
-    snprintf(path, sizeof(path), "%s/model.bin", dir);
     GPT2 model;
-    gpt2_build(&model, path, 0);
-    snprintf(path, sizeof(path), "%s/train.bin", dir);
     DataLoader loader;
-    dataloader_init(&loader, path, c->s.B, c->s.T, model.config.vocab_size);
+    case_open(dir, &c->s, &model, &loader);
     ZenFlow zf;
     CpuDevice device;
     zf_cpu_init(&zf, &device, &model, z);
     zf.pipeline = pipeline;
     model.zf = &zf;
     if (sel_path != NULL) { zf.selection_log = fopenCheck(sel_path, "w"); }
-    ZfAdamHyper hyper = {c->s.lr, 0.9f, 0.95f, 1e-8f, c->s.wd};
     std::vector<float> losses;
     for (int t = 0; t < c->s.steps; t++) {
-        dataloader_next_batch(&loader);
-        gpt2_forward(&model, loader.inputs, loader.targets, c->s.B, c->s.T);
-        zf_before_backward(&zf, t);
-        gpt2_backward(&model, c->s.B, c->s.T);
-        zf_step(&zf, t, hyper);
-        losses.push_back(model.mean_loss);
+        losses.push_back(zf_train_step(&model, &loader, &zf, t, case_hyper(&c->s), gpt2_backward));
     }
     zf_drain(&zf);
     if (zf.selection_log != NULL) { fclose(zf.selection_log); }
@@ -72,9 +62,7 @@ static std::vector<float> run(const char* dir, const ZfCase* c, ZfConfig z, cons
 
 static void test_against_reference(const char* dir) {
     ZfCase c = read_zf_case(dir);
-    printf("== %s: %s k=%g U=%d S=%d W=%d overlap=%d, %d steps\n", dir,
-           zf_mode_names[c.z.mode], c.z.topk, c.z.update_interval,
-           c.z.select_interval, c.z.warmup, c.z.overlap, c.s.steps);
+    print_zf_case(dir, &c);
     // zenflow in both accumulations (spec 7; the CPU trainer has -za gpu too), each against the
     // reference; adamw and offload have no window to accumulate
     int accumulations = c.z.mode == ZF_MODE_ZENFLOW ? 2 : 1;
@@ -93,34 +81,20 @@ static void test_against_reference(const char* dir) {
 static void test_invariants(const char* dir) {
     printf("== exact invariants on %s\n", dir);
     ZfCase c = read_zf_case(dir);
-    ZfConfig adamw = ZF_DEFAULTS;
-    adamw.mode = ZF_MODE_ADAMW;
-    std::vector<float> ref = run(dir, &c, adamw, NULL);
+    std::vector<float> ref = run(dir, &c, zf_mode_config(ZF_MODE_ADAMW), NULL);
     char what[256];
-    double ks[3] = {0.05, 0.1, 0.5};
-    for (double k : ks) {
-        ZfConfig z = ZF_DEFAULTS;
-        z.topk = k;
-        z.update_interval = 1;
-        z.overlap = 0;
-        z.select_interval = 2;
-        int same = bitwise_equal(run(dir, &c, z, NULL), ref);
+    for (double k : {0.05, 0.1, 0.5}) {
+        int same = bitwise_equal(run(dir, &c, zf_settings(k, 1, 2, 0, 0, ZF_ACCUMULATE_CPU), NULL), ref);
         printf("  zenflow k=%.2f U=1 S=2 overlap off == adamw: %s\n", k, same ? "bitwise" : "DIFFERS");
         snprintf(what, sizeof(what), "zenflow k=%g U=1 without overlap differs from adamw", k);
         check(same, what);
     }
-    ZfConfig off = ZF_DEFAULTS;
-    off.mode = ZF_MODE_OFFLOAD;
-    int same = bitwise_equal(run(dir, &c, off, NULL), ref);
+    int same = bitwise_equal(run(dir, &c, zf_mode_config(ZF_MODE_OFFLOAD), NULL), ref);
     printf("  offload == adamw: %s\n", same ? "bitwise" : "DIFFERS");
     check(same, "offload differs from adamw");
 
     // determinism of the threaded path; it must also really differ from adamw
-    ZfConfig z = ZF_DEFAULTS;
-    z.topk = 0.1;
-    z.update_interval = 3;
-    z.select_interval = 6;
-    z.overlap = 1;
+    ZfConfig z = zf_settings(0.1, 3, 6, 0, 1, ZF_ACCUMULATE_CPU);
     std::vector<float> first = run(dir, &c, z, NULL), second = run(dir, &c, z, NULL);
     setenv("ZF_WORKER_DELAY_US", "3000", 1);
     std::vector<float> delayed = run(dir, &c, z, NULL);

@@ -11,7 +11,6 @@ maxT=32; B=2, T=16), in well under a minute.
 
 import math
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -24,6 +23,7 @@ SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "
 sys.path.insert(0, SCRIPTS)
 import gpt2_reference as ref  # noqa: E402
 import zenflow_reference as zr  # noqa: E402
+import runner  # noqa: E402  dev/test/runner.py
 
 REF_SCRIPT = os.path.join(SCRIPTS, "gpt2_reference.py")
 ZF_SCRIPT = os.path.join(SCRIPTS, "zenflow_reference.py")
@@ -333,6 +333,11 @@ def oracle_matrix(p0, grads, k, U, W, overlap):
     return seen
 
 
+def synthetic_grads(p0, steps, grad):
+    """`steps` steps of gradients, one for each tensor of p0 (in order): grad(t, p)"""
+    return [{name: grad(t, p) for name, p in p0.items()} for t in range(steps)]
+
+
 def small_model(seed):
     """A one-layer GPT with random parameters for the synthetic-gradient tests: (config,
     model, a copy of its parameters, the generator to go on drawing from)."""
@@ -353,13 +358,11 @@ def test_h_overlap_timing_vs_numpy_oracle():
     one-window-late apply, warm-up then migration, a partial last window not applied)."""
     config, model, p0, gen = small_model(7)
     steps = 9
-    grads = []
-    for _ in range(steps):
-        g = {}
-        for name, p in p0.items():
-            col_scale = torch.rand(p.shape[-1], generator=gen) * 3 + 0.05
-            g[name] = torch.randn(p.shape, generator=gen) * col_scale
-        grads.append(g)
+
+    def grad(t, p):  # columns of random scales (the scales drawn first)
+        col_scale = torch.rand(p.shape[-1], generator=gen) * 3 + 0.05
+        return torch.randn(p.shape, generator=gen) * col_scale
+    grads = synthetic_grads(p0, steps, grad)
     mxs = zr.list_matrices(config)
     for k, U, W, overlap in ((0.25, 2, 0, True), (0.25, 3, 2, False), (0.5, 2, 1, True),
                              (0.25, 4, 0, True)):
@@ -392,14 +395,12 @@ def test_auto_update_interval():
     occur), with one selection at t = 0; and U_max = 1 is exactly U = 1."""
     config, model, p0, gen = small_model(11)
     steps = 40
-    grads = []
-    for t in range(steps):
-        g = {}
-        for name, p in p0.items():
-            col_scale = torch.linspace(0.05, 3.0, p.shape[-1])
-            drift = 1.0 + 0.5 * math.sin(t / 3.0)  # the same sign for a while: A grows
-            g[name] = (torch.randn(p.shape, generator=gen) * 0.5 + drift) * col_scale
-        grads.append(g)
+
+    def grad(t, p):
+        col_scale = torch.linspace(0.05, 3.0, p.shape[-1])
+        drift = 1.0 + 0.5 * math.sin(t / 3.0)  # the same sign for a while: A grows
+        return (torch.randn(p.shape, generator=gen) * 0.5 + drift) * col_scale
+    grads = synthetic_grads(p0, steps, grad)
     mxs = zr.list_matrices(config)
     for U_max in (16, 3):
         with torch.no_grad():
@@ -499,29 +500,13 @@ def test_determinism_and_cli_errors():
 
 def main():
     ref.setup_torch(1)
-    tests = [(name, fn) for name, fn in globals().items() if name.startswith("test_")]
-    passed = failed = 0
     try:
         make_files()
     except Exception:
         traceback.print_exc()
         print("zenflow_reference: 0 passed, 1 failed (could not make the test files)")
         return 1
-    for name, fn in tests:
-        try:
-            fn()
-            print(f"ok   {name}")
-            passed += 1
-        except Exception:
-            print(f"FAIL {name}")
-            traceback.print_exc()
-            failed += 1
-    if failed:
-        print(f"(files of the failed checks kept in {TMP})")
-    else:
-        shutil.rmtree(TMP)
-    print(f"zenflow_reference: {passed} passed, {failed} failed")
-    return 1 if failed else 0
+    return runner.run_test_functions("zenflow_reference", globals(), TMP)
 
 
 if __name__ == "__main__":
