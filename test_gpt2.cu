@@ -17,13 +17,15 @@ of state.bin. Checks, each printed with its numbers (the functions say their tol
   4. test_zenflow_invariants: what must hold bit for bit (adamw, U = 1, offload, overlap
      with random updater delays, a checkpoint mid-window, per-layer transfers).
 TF32 is off for all of them (plain fp32 matmuls); the TF32 errors are printed for
-information only, since TF32 is the trainer's default.
+information only (a TF32 pass that stops is one failure). Also: the loss of a target logit far
+below the max is finite.
 
   make refs test_gpt2cu && ./test_gpt2cu dev/test/ref/tiny dev/test/ref/zf_a
   make refs emu && ./build/emu/test_gpt2cu dev/test/ref/tiny    (on the CPU emulator)
 
-Without a CUDA device the test prints "test_gpt2cu: SKIPPED (...)" and exits 0. Any failure
-makes the exit code 1; the last line is "test_gpt2cu: N passed, M failed".
+Without a CUDA device the test prints "test_gpt2cu: SKIPPED (...)" and exits 0 (but fails where
+nvidia-smi sees a GPU that CUDA cannot use). Any failure makes the exit code 1; the last line
+is "test_gpt2cu: N passed, M failed".
 */
 #define TESTING
 #include "train_gpt2.cu"
@@ -118,14 +120,23 @@ static void test_case(const char* dir) {
            pad_zero ? "exactly 0  ok" : "NOT 0  FAIL");
     check(pad_zero, "the padded rows of the wte gradient are not 0");
 
-    // for information: the same batch with TF32 matmuls (the trainer's default)
+    // for information: the same batch with TF32 matmuls (the trainer's default). Should the
+    // run stop there (cuBLASLt with no algorithm, even after its fallbacks), that is one
+    // failure and the test goes on
     cublas_set_tf32(1);
-    gpt2_forward(&model, st.inputs, NULL, B, T);
-    gpt2_copy_logits_to_host(&model, logits);
-    double tf32_logits = relative_error(logits, st.logits, n_logits);
-    gpt2_forward(&model, st.inputs, st.targets, B, T);
-    printf("  (info) with TF32: logits rel %.3e, loss |err| %.3e (not checked)\n", tf32_logits,
-           fabs((double)model.mean_loss - st.loss));
+    jmp_buf on_fatal;
+    fatal_jump = &on_fatal;
+    if (setjmp(on_fatal) == 0) {
+        gpt2_forward(&model, st.inputs, NULL, B, T);
+        gpt2_copy_logits_to_host(&model, logits);
+        double tf32_logits = relative_error(logits, st.logits, n_logits);
+        gpt2_forward(&model, st.inputs, st.targets, B, T);
+        printf("  (info) with TF32: logits rel %.3e, loss |err| %.3e (not checked)\n", tf32_logits,
+               fabs((double)model.mean_loss - st.loss));
+    } else {
+        check(0, "the forward pass with TF32 stopped (the error above)");
+    }
+    fatal_jump = NULL;
     cublas_set_tf32(0);
     free(grads);
     free(logits);
@@ -333,9 +344,34 @@ static void test_zenflow_invariants(const char* dir) {
     }
 }
 
+// the fused classifier's loss stays finite however far below the max the target's logit is
+static void test_far_loss(void) {
+    printf("== the loss of a target far below the max\n");
+    float* logits = cuda_malloc(8 * sizeof(float), "logits");
+    float* loss = cuda_malloc(sizeof(float), "loss");
+    int* target = NULL;
+    const int one = 1;
+    cudaCheck(cudaMalloc(&target, sizeof(int)));
+    cudaCheck(cudaMemcpy(logits, FAR_LOGITS, sizeof(FAR_LOGITS), cudaMemcpyHostToDevice));
+    cudaCheck(cudaMemcpy(target, &one, sizeof(int), cudaMemcpyHostToDevice));
+    fused_classifier(logits, loss, target, 1.0f, 1, 4, 8);
+    float host = 0.0f;
+    cudaCheck(cudaMemcpy(&host, loss, sizeof(float), cudaMemcpyDeviceToHost));
+    check_far_loss(host);
+    cudaCheck(cudaFree(logits));
+    cudaCheck(cudaFree(loss));
+    cudaCheck(cudaFree(target));
+}
+
 int main(int argc, char* argv[]) {
     char reason[256];
     if (!cuda_device_available(reason, sizeof(reason))) {
+        // a GPU that nvidia-smi sees but CUDA cannot use (an old driver, say) is a failure
+        if (system("nvidia-smi -L > /dev/null 2>&1") == 0) {
+            printf("test_gpt2cu: FAIL: nvidia-smi sees a GPU, but CUDA cannot start: %s (hint: a driver older "
+                   "than this CUDA toolkit needs?)\n", reason);
+            return 1;
+        }
         printf("test_gpt2cu: SKIPPED (no CUDA device: %s)\n", reason);
         return 0;
     }
@@ -347,6 +383,7 @@ int main(int argc, char* argv[]) {
     printf("device: %s, compute capability %d.%d, %d SMs\n", prop.name, prop.major, prop.minor,
            prop.multiProcessorCount);
     cublas_init(0);  // TF32 off: plain fp32 matmuls
+    test_far_loss();
     const char* first_plain = NULL;
     const char* first_zenflow = NULL;
     for (int i = 1; i < argc; i++) {

@@ -60,18 +60,21 @@ static void matmul_backward_cpu(float* dinp, float* dweight, float* dbias, const
 
 __global__ void matmul_forward_naive_kernel(float* out, const float* inp, const float* weight, const float* bias,
                                             int BT, int C, int OC) {
-    int o = blockIdx.x * blockDim.x + threadIdx.x, r = blockIdx.y;
+    int o = blockIdx.x * blockDim.x + threadIdx.x;
     if (o >= OC) { return; }
-    const float* x = inp + (size_t)r * C;
     const float* w = weight + (size_t)o * C;
-    float s = 0.0f;
-    for (int i = 0; i < C; i++) { s += x[i] * w[i]; }
-    out[(size_t)r * OC + o] = s + (bias != NULL ? bias[o] : 0.0f);
+    for (int r = blockIdx.y; r < BT; r += gridDim.y) {  // grid.y is at most 65535, BT may be more
+        const float* x = inp + (size_t)r * C;
+        float s = 0.0f;
+        for (int i = 0; i < C; i++) { s += x[i] * w[i]; }
+        out[(size_t)r * OC + o] = s + (bias != NULL ? bias[o] : 0.0f);
+    }
 }
 
 static void matmul_forward_naive(float* out, const float* inp, const float* weight, const float* bias, int BT,
                                  int C, int OC) {
-    matmul_forward_naive_kernel<<<dim3(ceil_div(OC, 256), BT), 256>>>(out, inp, weight, bias, BT, C, OC);
+    matmul_forward_naive_kernel<<<dim3(ceil_div(OC, 256), std::min(BT, 65535)), 256>>>(out, inp, weight, bias, BT, C,
+                                                                                          OC);
     cudaCheck(cudaGetLastError());
 }
 

@@ -43,6 +43,20 @@ static inline void check(int ok, const char* what) {
     }
 }
 
+// A row of logits (V = 4 of Vp = 8) whose target, 1, lies 200 below the max: as
+// -log(exp(x_t - max) / sum) the loss would be -log(0) = inf in fp32 (from about 104 below);
+// as log(sum) - (x_t - max), both trainers' formula, it is finite.
+static const float FAR_LOGITS[8] = {0.0f, -200.0f, 1.0f, 0.5f, 0.0f, 0.0f, 0.0f, 0.0f};
+
+static inline void check_far_loss(float loss) {
+    double sum = 0.0;
+    for (int i = 0; i < 4; i++) { sum += exp((double)FAR_LOGITS[i] - 1.0); }
+    double want = log(sum) - (-200.0 - 1.0);
+    int ok = isfinite(loss) && fabs(loss - want) < 1e-4;  // fp32 at 200: steps of 1.5e-5
+    printf("  loss of a target 200 below the max: %.6f (float64 %.6f)  %s\n", loss, want, ok ? "ok" : "FAIL");
+    check(ok, "the loss of a target far below the max is not log(sum) - (x_target - max)");
+}
+
 // max |a - b| and max |b| over n elements
 static inline void max_errors(const float* a, const float* b, size_t n, double* max_abs, double* max_ref) {
     *max_abs = 0.0;

@@ -308,6 +308,15 @@ static void test_thread_independence(const char* dir) {
     gpt2_free(&model);
 }
 
+// the loss stays finite however far below the max the target's logit is
+static void test_far_loss(void) {
+    printf("== the loss of a target far below the max\n");
+    float probs[8], loss;
+    int target = 1;
+    softmax_crossentropy_forward(probs, &loss, FAR_LOGITS, &target, 1, 1, 4, 8);
+    check_far_loss(loss);
+}
+
 int main(int argc, char* argv[]) {
     if (argc < 2) {
         fprintf(stderr, "usage: %s <case dir> [<case dir> ...] (see dev/test/make_refs.sh)\n",
@@ -317,6 +326,7 @@ int main(int argc, char* argv[]) {
     test_dataloader();
     test_random_init();
     test_tokenizer_files();
+    test_far_loss();
     for (int i = 1; i < argc; i++) { test_case(argv[i]); }
     test_thread_independence(argv[1]);
     printf("test_gpt2cpu: %d passed, %d failed\n", g_passed, g_failed);
