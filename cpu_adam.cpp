@@ -1,4 +1,4 @@
-// cpu_adam.cpp: CPU AdamW (spec 3.1) and the background updater. See cpu_adam.h.
+// cpu_adam.cpp: CPU AdamW (spec 3.1) and the worker thread (ZfWorker). See cpu_adam.h.
 //
 // Bitwise reproducibility, in short:
 //  - every element goes through the same sequence of fp32 operations as the scalar loop of
@@ -185,7 +185,7 @@ void zf_cpu_accumulate(float* acc, const float* g, size_t n) {
 }
 
 // ---------------------------------------------------------------------------------------
-// Background updater
+// The worker: one thread that runs jobs in submission order
 
 typedef struct {
     ZfJobFn fn;
@@ -201,15 +201,14 @@ struct ZfWorker {
     long finished = 0;              // jobs finished or skipped: ticket t is done iff t < finished
     int error = 0;                  // first non-zero job status, sticky
     bool stop = false;              // set by destroy once the queue should end
-    double total_ms = 0, last_ms = 0;
-    // read only by the updater thread after creation:
+    // read only by the worker thread after creation:
     int omp_threads = 0;
     long delay_max_us = 0;
     uint64_t rng = 0;
     std::thread thread;
 };
 
-// Debug delay: a random 0..max microseconds (splitmix64; only the updater thread uses it).
+// Debug delay: a random 0..max microseconds (splitmix64; only the worker thread uses it).
 static void zf_worker_random_sleep(ZfWorker* u) {
     if (u->delay_max_us <= 0) return;
     uint64_t z = (u->rng += 0x9E3779B97F4A7C15ull);
@@ -237,20 +236,10 @@ static void zf_worker_main(ZfWorker* u) {
             skip = u->error != 0;  // after an error the state is suspect: don't run more
         }
         zf_worker_random_sleep(u);
-        int status = 0;
-        double ms = 0;
-        if (!skip) {
-            auto t0 = std::chrono::steady_clock::now();
-            status = job.fn(job.arg);
-            ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-        }
+        int status = skip ? 0 : job.fn(job.arg);
         zf_worker_random_sleep(u);
         {
             std::lock_guard<std::mutex> lk(u->mu);
-            if (!skip) {
-                u->total_ms += ms;
-                u->last_ms = ms;
-            }
             // the first error sticks: later jobs are skipped, and the main thread reports it
             // (one line, with the step) at its next wait
             if (status != 0 && u->error == 0) { u->error = status; }
@@ -330,10 +319,4 @@ int zf_worker_destroy(ZfWorker* u) {
     int err = u->error;
     delete u;
     return err;
-}
-
-double zf_worker_busy_ms(ZfWorker* u, double* last_ms) {
-    std::lock_guard<std::mutex> lk(u->mu);
-    if (last_ms) *last_ms = u->last_ms;
-    return u->total_ms;
 }

@@ -1,7 +1,7 @@
 // cpu_adam.h: the CPU side of ZenFlow.
 //  - zf_cpu_adam_*: AdamW over flat fp32 arrays, exactly docs/zenflow_spec.md section 3.1
 //    (bitwise the same as a plain scalar loop, for any thread count).
-//  - zf_updater_*: one background thread that runs jobs in submission order (spec 4.6,
+//  - zf_worker_*: ZfWorker, one background thread that runs jobs in submission order (spec 4.6,
 //    "overlap on"), with a debug switch that injects random delays (spec 5). zenflow.h
 //    runs two: the updater (window updates) and the accumulator (per-step A += g).
 //
@@ -47,8 +47,8 @@ void zf_cpu_adam_step_mean(float* p, float* m, float* v, const float* acc, int c
 void zf_cpu_accumulate(float* acc, const float* g, size_t n);
 
 // ---------------------------------------------------------------------------------------
-// Background updater: one thread that runs submitted jobs one at a time, in submission
-// order. Determinism (spec 5) is the caller's part: a job may only read buffers that
+// The worker (ZfWorker): one background thread that runs submitted jobs one at a time, in
+// submission order. Determinism (spec 5) is the caller's part: a job may only read buffers that
 // nobody writes until the caller has waited for that job's ticket.
 //
 // Errors: a job returns 0 on success or a non-zero error code. The first non-zero code
@@ -57,10 +57,10 @@ void zf_cpu_accumulate(float* acc, const float* g, size_t n);
 // and zf_worker_error tells it without waiting.
 //
 // OpenMP: a job may call zf_cpu_adam_step; its parallel region runs on a team of the
-// updater thread, separate from any team of the main thread (libgomp keeps one thread
+// worker thread, separate from any team of the main thread (libgomp keeps one thread
 // pool per thread that starts a parallel region). omp_threads sets that team's size.
 //
-// Debug: if the environment variable ZF_WORKER_DELAY_US=<max> is set when the updater is
+// Debug: if the environment variable ZF_WORKER_DELAY_US=<max> is set when the worker is
 // created, the thread sleeps a random 0..max microseconds before and after every job
 // (seeded from the clock). Results must not change; the determinism tests use this.
 
@@ -77,8 +77,8 @@ long zf_worker_submit(ZfWorker* u, ZfJobFn fn, void* arg);
 // Block until the job with this ticket (and so every earlier one) has finished or been
 // skipped. Returns 0, or the first error of any job finished so far. A negative ticket
 // ("no job yet") returns at once; a ticket never handed out aborts (it would hang).
-// Not to be called from inside a job of the same updater (it would wait for itself); a job
-// may wait for another updater's ticket, as long as no job of that one waits back.
+// Not to be called from inside a job of the same worker (it would wait for itself); a job
+// may wait for another worker's ticket, as long as no job of that one waits back.
 int zf_worker_wait(ZfWorker* u, long ticket);
 
 // Without blocking: the first error of any job so far, or 0 (u may be NULL: 0).
@@ -94,7 +94,3 @@ int zf_worker_finished(ZfWorker* u, long ticket);
 // Drain (pending jobs still run), stop and join the thread, free. Returns 0 or the first
 // error, so an error is reported even if nobody waited after it. u may be NULL.
 int zf_worker_destroy(ZfWorker* u);
-
-// Time spent inside jobs (not counting debug delays), in milliseconds: the total over all
-// finished jobs; *last_ms (if not NULL) gets the duration of the most recent finished job.
-double zf_worker_busy_ms(ZfWorker* u, double* last_ms);

@@ -280,8 +280,6 @@ static void test_updater_wait() {
     rc = zf_worker_drain(u);
     check(rc == 0 && log_is_range(log, 0, 3), "updater: drain waits for all jobs");
     check(zf_worker_drain(u) == 0, "updater: drain with nothing pending returns");
-    double last = 0, total = zf_worker_busy_ms(u, &last);
-    check(total >= 20.0 && last >= 0.0 && last < total, "updater: busy_ms total %.2f last %.3f", total, last);
     zf_worker_destroy(u);
 }
 
