@@ -45,6 +45,8 @@ Suites (what "the tests named" means), each a subset of make test:
          there): fails on any race TSan sees between warps, blocks, streams and host threads
   random dev/test/test_random_cases.py, CPU tests only (test_gpt2cpu, test_zenflow): 24 cases of
          random shapes, C and B*T off the multiples of 16 and 8 the fixed cases all have
+  noalg  the CUDA test (tiny) on the emulator whose cuBLASLt offers no algorithm with a bias
+         epilogue, then none in TF32 (EMU_NO_ALGORITHM): the fallbacks must still match
 """
 import argparse
 import os
@@ -81,6 +83,9 @@ SUITES = {
               "build/arch/train_gpt2cpu_x86-64-v3"]),
     "race": (["build/emu/test_gpt2cu_tsan", "build/emu/train_gpt2cu_tsan"], ["bash dev/test/test_races.sh"]),
     "random": (["test_gpt2cpu", "test_zenflow"], [f"{PY} dev/test/test_random_cases.py --count 24 --seed 1"]),
+    "noalg": (["build/emu/test_gpt2cu"],
+              [f"env EMU_NO_ALGORITHM=bias EMU_SCHEDULE=eager ./build/emu/test_gpt2cu {REFS}/tiny",
+               f"env EMU_NO_ALGORITHM=tf32 EMU_SCHEDULE=eager ./build/emu/test_gpt2cu {REFS}/tiny"]),
 }
 
 # id, file, old text (must occur exactly once), new text, the bug it stands for, suites.
@@ -293,6 +298,19 @@ MUTANTS = [
     ("S4", "dev/train_gpt2.cpp", "    uint64_t rng = (uint64_t)seed;",
      "    uint64_t rng = (uint64_t)seed * 0x9E3779B97F4A7C15ull + 7;",
      "the sampler's state is not the seed, as in llm.c (the samples draw other coins)", ["eval"]),
+    # --- the loss, and cuBLASLt offering no algorithm
+    ("L1", "dev/train_gpt2.cpp", "losses[bt] = logf(sum) - (x[targets[bt]] - maxval);",
+     "losses[bt] = -logf(p[targets[bt]]);",
+     "the CPU trainer's loss as -log p: +inf for a target logit far below the max", ["cpu"]),
+    ("L2", "llmc/cuda_kernels.cuh", "losses[row] = logf(sum) - (x[target] - maxval);",
+     "losses[row] = -logf(expf(x[target] - maxval) / sum);",
+     "the fused classifier's loss as -log p: +inf for a target logit far below the max", ["emu"]),
+    ("N1", "llmc/cuda_kernels.cuh", "            add_bias(d, bias, n, m);  // d is (n, m) row-major",
+     "            (void)0;  // d is (n, m) row-major",
+     "without an algorithm for the bias epilogue, the matmul runs without it and the bias is lost", ["noalg"]),
+    ("N2", "llmc/cuda_kernels.cuh", "    if (cublas_compute != CUBLAS_COMPUTE_32F) {\n        matmul_fallback_note",
+     "    if (0) {\n        matmul_fallback_note",
+     "without a TF32 algorithm the run stops instead of falling back to plain fp32", ["noalg"]),
 ]
 
 
