@@ -291,7 +291,7 @@ int main(int argc, char** argv) {
     // traffic of the copy engines, which write each step's gradients into host memory
     // (-za cpu) and read the window's result. The arrays hold window_n elements each, 512 MB
     // by default, so that the window's 3 GB stream from memory even past a large L3 cache
-    // (the 2-core build machine reports 480 MB) as a real model's gigabytes would.
+    // (some servers have 480 MB of it) as a real model's gigabytes would.
     AdamArgs state = make_adam(window_n, 64 << 10);  // the updater's master, m, v and its A
     AdamArgs w = make_adam(window_n, 64 << 10);      // the accumulator's A (w.acc) and staging (w.g)
     AccumulateArgs acc_jobs[2];

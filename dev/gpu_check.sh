@@ -389,7 +389,7 @@ for p in copy_engines zenflow zenflow_async encoder layernorm attention gelu res
     limit=60
     if [ $p = zenflow_async ]; then  # CPU only: zenflow.h's copies landing late or early, -za gpu
         args=("${ZF_CASES[@]}")
-        limit=120  # planted delays: 25 s on the 2-core build machine, alone
+        limit=120  # planted delays: about 25 s on 2 cores, alone
         if [ ${#ZF_CASES[@]} -eq 0 ]; then record "dev/cuda $p" SKIPPED "no zenflow reference cases"; continue; fi
     fi
     if [ $rc_dev -ne 0 ] && [ ! -x "$BUILD/cuda/$p" ]; then

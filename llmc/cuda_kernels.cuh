@@ -968,7 +968,7 @@ static inline AdamWConsts adamw_consts(float lr, float beta1, float beta2, float
     return c;
 }
 
-// one element, in the order of spec 3.1 (the CPU's zf_adam_one)
+// one element, in the order of spec 3.1 (as cpu_adam.cpp computes it)
 __device__ inline void adamw_one(float* p, float* m, float* v, float g, const AdamWConsts& c) {
     float mi = c.b1 * *m + c.omb1 * g;
     float vi = c.b2 * *v + (c.omb2 * g) * g;
