@@ -41,7 +41,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     fatal_jump = &jump;
     uint64_t rng = 0;
     if (setjmp(jump) == 0) {
-        read_checkpoint_state(dir, 6, &zf, &loader, &rng);
+        read_checkpoint_state(dir, 6, OptimizerState{&zf, zf_save_state, zf_load_state}, &loader, &rng);
     } else {
         fuzz_close_fds_from(floor);
     }
