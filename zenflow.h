@@ -638,7 +638,8 @@ static inline void zf_step(ZenFlow* zf, int t, ZfAdamHyper hyper) {
     be->gpu_adam(be->ctx, zf, hyper, s);
     zf_trace_device(zf, TRACE_COMPUTE, "GPU-side AdamW", t0);
 
-    // 4.4 accumulate: A += g_t on the CPU-owned elements, n += 1
+    // 4.4 accumulate: A += g_t on the CPU-owned elements, n += 1 (4.5 says first whether this
+    // step closes the window)
     const int closes = zf_closes_window(zf, t);
     const float* window_sum = zf_accumulate_step(zf, t, closes);
     zf->window_count++;
@@ -648,7 +649,7 @@ static inline void zf_step(ZenFlow* zf, int t, ZfAdamHyper hyper) {
         return;
     }
 
-    // 4.5 boundary: the window of n steps closes, the next one starts with n = 0
+    // 4.5 boundary: the window of n steps closes; 4.6: the next one starts with n = 0
     const int n = zf->window_count;
     zf->window_count = 0;
     zf->closed_window = n;

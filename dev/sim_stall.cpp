@@ -56,6 +56,8 @@ typedef struct {
     double fence_done[8];
     int num_fences;
     long long uploaded;     // host->device bytes not yet counted in a step (the prefetch)
+    std::vector<double> group_done;  // a synchronous apply: when each layer's copy lands
+    double gpu_free;        // when the simulated GPU is done with the work it has been given
     // this step's numbers (main thread)
     double compute_ms, stall_ms, d2h_bytes, h2d_bytes, blocked_since;
     int blocking;
@@ -68,9 +70,11 @@ static void sleep_until(double t_ms) {
     nanosleep(&ts, NULL);
 }
 
-// the GPU computes for ms
+// the GPU computes for ms, after what it has been given (on its own clock: the sleeps'
+// overshoots do not add up)
 static void gpu_work(SimDevice* dev, double ms) {
-    sleep_until(now_ms() + ms);
+    dev->gpu_free = std::max(dev->gpu_free, now_ms()) + ms;
+    sleep_until(dev->gpu_free);
     dev->compute_ms += ms;
 }
 
@@ -172,12 +176,22 @@ static void sim_params_prefetch(void* ctx, const ZenFlow* zf, const float* host)
     dev->prefetched = 1;
 }
 
+// A synchronous apply layer by layer: the trainer's host runs ahead of its GPU, so every
+// layer's copy is queued at once, when the first is (group 0); each layer then waits only for
+// its own. (Here the main thread is the GPU, and cannot run ahead by itself.)
 static void sim_params_from_host(void* ctx, const ZenFlow* zf, const float* host, int group) {
     SimDevice* dev = (SimDevice*)ctx;
     if (zf->cpu_elems == 0) { return; }
-    if (!dev->prefetched) { upload(dev, zf, host, group); }
+    if (!dev->prefetched && group <= 0) {
+        dev->group_done.assign(zf->num_groups, 0.0);
+        for (int g = (group < 0 ? -1 : 0); g < (group < 0 ? 0 : zf->num_groups); g++) {
+            upload(dev, zf, host, g);
+            if (g >= 0) { dev->group_done[g] = dev->h2d_done[dev->params_stage]; }
+        }
+    }
+    double landed = group >= 0 && !dev->prefetched ? dev->group_done[group] : dev->h2d_done[dev->params_stage];
     if (group < 0 || group == zf->num_groups - 1) { dev->prefetched = 0; }
-    gpu_waits(dev, dev->h2d_done[dev->params_stage]);
+    gpu_waits(dev, landed);
     gpu_work(dev, hbm_ms(dev, 2.0 * group_bytes(zf, group)));  // the scatter
     dev->h2d_bytes += (double)__atomic_exchange_n(&dev->uploaded, 0LL, __ATOMIC_RELAXED);
 }
@@ -249,7 +263,8 @@ static SimRow simulate(const GPT2Config* model, const SimMachine* hw, ZfConfig c
     const double layer = compute * 12.0 * C * C / N, head = compute - L * layer;
     ZfAdamHyper hyper = {3e-4f, 0.9f, 0.95f, 1e-8f, 0.0f};
     SimRow row = {name, 0, 0, 0, 0, 0, 0};
-    const int settle = 8, measured = 12;
+    const int U = zf.cfg.update_interval;  // whole windows: settle 2 or more, measure about 12 steps
+    const int settle = std::max(8, 2 * U), measured = U * ((12 + U - 1) / U);
     for (int t = 0; t < settle + measured; t++) {
         dev->compute_ms = dev->stall_ms = dev->d2h_bytes = dev->h2d_bytes = 0.0;
         double t0 = now_ms(), cpu0 = zf_cpu_work_ms(&zf);
@@ -324,10 +339,12 @@ int main(int argc, char** argv) {
         else if (strcmp(flag, "-o") == 0) { csv_path = val; }
         else { fatal("sim_stall: unknown flag %s (hint: -h)", flag); }
     }
+    const SimMachine h200 = {495.0, 0.35, 4800.0, 50.0, hw.B, hw.T};
+    const char* device = memcmp(&hw, &h200, sizeof(hw)) == 0 ? "simulated H200" : "simulated GPU";
     FILE* csv = csv_path != NULL ? fopenCheck(csv_path, "w") : NULL;
     if (csv) { fprintf(csv, "device,model,mode,ms_per_step,compute_ms,stall_ms,cpu_update_ms,pcie_mb_d2h,pcie_mb_h2d\n"); }
     printf("Simulated GPU and PCIe, real CPU side on this host: B=%d T=%d, peak %.0f TFLOPS x MFU %.2f, HBM %.0f GB/s,\n"
-           "PCIe %.0f GB/s each way; zenflow k %g, U %d, overlap. Means over 12 steps after 8.\n\n",
+           "PCIe %.0f GB/s each way; zenflow k %g, U %d, overlap. Means over whole windows after two or more.\n\n",
            hw.B, hw.T, hw.peak_tflops, hw.mfu, hw.hbm_gbs, hw.pcie_gbs, base.topk, base.update_interval);
     printf("| model | mode | step ms | compute ms | stall ms | stall %% | PCIe MB down | up | CPU work ms | vs offload |\n");
     printf("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
@@ -366,7 +383,7 @@ int main(int argc, char** argv) {
                    stall, 100.0 * stall / ms, d2h, h2d, cpu, speedup);
             fflush(stdout);
             if (csv) {
-                fprintf(csv, "simulated H200,%s,%s,%.3f,%.3f,%.3f,%.3f,%.6f,%.6f\n", label.c_str(), names[i], ms, comp, stall,
+                fprintf(csv, "%s,%s,%s,%.3f,%.3f,%.3f,%.3f,%.6f,%.6f\n", device, label.c_str(), names[i], ms, comp, stall,
                         cpu, d2h, h2d);
             }
         }

@@ -643,6 +643,7 @@ static void matmul_cublaslt(float* d, const float* a, const float* b, const floa
                             int trans_a, int trans_b, float beta, int batch = 1, long long stride_a = 0,
                             long long stride_b = 0, long long stride_d = 0) {
     static int said_bias = 0, said_tf32 = 0;
+    if (bias != NULL && batch > 1) { fatal("matmul_cublaslt: a bias with batch = %d (only one matrix takes one)", batch); }
     if (matmul_cublaslt_try(d, a, b, bias, m, n, k, trans_a, trans_b, beta, cublas_compute, batch, stride_a, stride_b,
                             stride_d)) {
         return;
@@ -663,9 +664,11 @@ static void matmul_cublaslt(float* d, const float* a, const float* b, const floa
             return;
         }
     }
-    fatal("cuBLASLt has no algorithm for m=%d n=%d k=%d transa=%d transb=%d batch=%d bias=%d, with or without "
-          "the bias epilogue, in TF32 or fp32 (hint: an odd shape or pointer alignment; try another -b/-t or "
-          "model shape)", m, n, k, trans_a, trans_b, batch, bias != NULL);
+    fatal("cuBLASLt has no algorithm for m=%d n=%d k=%d transa=%d transb=%d batch=%d bias=%d (alignments "
+          "%u/%u/%u bytes), with or without the bias epilogue, in TF32 or fp32 (hint: an odd shape or pointer "
+          "alignment; try another -b/-t or model shape)", m, n, k, trans_a, trans_b, batch, bias != NULL,
+          alignment_of(a, batch > 1 ? stride_a : 0), alignment_of(b, batch > 1 ? stride_b : 0),
+          alignment_of(d, batch > 1 ? stride_d : 0));
 }
 
 
