@@ -169,7 +169,7 @@ static inline void case_open(const char* dir, const CaseSettings* s, GPT2* model
     dataloader_init(loader, path, s->B, s->T, model->config.vocab_size);
 }
 
-// ZenFlow's settings for a test run: the trainers' defaults (zf_default_config) but for these;
+// ZenFlow's settings for a test run: the trainers' defaults (ZF_DEFAULTS) but for these;
 // U = ZF_AUTO: auto U (spec 6)
 static inline ZfConfig zf_settings(double k, int U, int S, int W, int overlap, int accumulate) {
     ZfConfig z = ZF_DEFAULTS;
