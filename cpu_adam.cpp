@@ -267,6 +267,14 @@ ZfWorker* zf_worker_create(int omp_threads) {
     return u;
 }
 
+int zf_cpu_cores(void) {
+#ifdef _OPENMP
+    return omp_get_max_threads();
+#else
+    return 1;
+#endif
+}
+
 long zf_worker_submit(ZfWorker* u, ZfJobFn fn, void* arg) {
     long ticket;
     {

@@ -71,6 +71,9 @@ typedef struct ZfWorker ZfWorker;
 // (OMP_NUM_THREADS or all cores). Returns NULL if the thread cannot be started.
 ZfWorker* zf_worker_create(int omp_threads);
 
+// the OpenMP default team size: OMP_NUM_THREADS, else the cores (1 without OpenMP)
+int zf_cpu_cores(void);
+
 // Queue fn(arg). Returns its ticket: 0 for the first job, then 1, 2, ...
 long zf_worker_submit(ZfWorker* u, ZfJobFn fn, void* arg);
 

@@ -22,7 +22,8 @@ What differs from the CPU trainer, and why:
 - Matmuls go through cuBLASLt, TF32 by default (-f 0 for plain fp32; the test uses fp32).
 - Model kernels run on the default stream, ZenFlow's copies on two more (zenflow.cuh). The
   step's own small transfers (token ids in, losses out) go through mapped pinned host memory
-  that kernels read and write, so that they never queue behind ZenFlow's gigabytes.
+  that kernels read and write, so that they never queue behind ZenFlow's gigabytes. The host
+  reads a step's losses once its backward pass is queued (gpt2_read_loss): the GPU never idles.
 
 Build (see the Makefile): nvcc -O3 -fmad=false ... -lcublasLt. -fmad=false is required:
 without it nvcc fuses multiply-adds and AdamW is no longer spec 3.1 to the bit.
@@ -184,9 +185,11 @@ typedef struct {
     int* counts_host;   // (V) scratch of the bucketing, kept zero
     float* losses_host;    // (B, T) mapped pinned host memory ...
     float* losses_mapped;  // ... and the address the classifier writes it at
+    cudaEvent_t losses_written;  // the classifier has written them
+    int loss_pending;            // ... and gpt2_read_loss has not read them yet
     int num_buckets;
     int B, T;          // of the last forward
-    float mean_loss;   // of the last forward with targets, else -1
+    float mean_loss;   // of the last forward with targets (gpt2_read_loss), else -1
     int logits_valid;  // 1 if acts.logits holds logits (forward without targets)
     ZenFlow* zf;       // if set, the passes call its per-layer hooks (zenflow.h, spec 7)
 } GPT2;
@@ -209,6 +212,7 @@ void gpt2_build(GPT2* model, const char* spec_or_path, uint64_t seed) {
     point_parameters(&model->grads, &model->config, model->grads_memory);
     model->counts_host = (int*)callocCheck((size_t)model->config.vocab_size, sizeof(int));
     cudaCheck(cudaEventCreateWithFlags(&model->ids_read, cudaEventDisableTiming | cudaEventBlockingSync));
+    cudaCheck(cudaEventCreateWithFlags(&model->losses_written, cudaEventDisableTiming | cudaEventBlockingSync));
     model->mean_loss = -1.0f;
 }
 
@@ -252,6 +256,7 @@ void gpt2_free(GPT2* model) {
     mapped_free(model->ids_host);
     mapped_free(model->losses_host);
     cudaCheck(cudaEventDestroy(model->ids_read));
+    cudaCheck(cudaEventDestroy(model->losses_written));
     free(model->counts_host);
     memset(model, 0, sizeof(*model));
 }
@@ -260,8 +265,8 @@ void gpt2_free(GPT2* model) {
 // forward pass
 
 // Forward pass over inputs (B, T) (host memory). With targets (B, T) it also computes the
-// mean loss (model->mean_loss, copied to the host) and leaves dlogits in acts.logits for
-// gpt2_backward; without targets acts.logits holds the logits.
+// losses (read by gpt2_read_loss: the host does not wait for them here) and leaves dlogits
+// in acts.logits for gpt2_backward; without targets acts.logits holds the logits.
 void gpt2_forward(GPT2* model, const int* inputs, const int* targets, int B, int T) {
     const GPT2Config* cfg = &model->config;
     const int L = cfg->num_layers, C = cfg->channels, NH = cfg->num_heads;
@@ -346,15 +351,29 @@ void gpt2_forward(GPT2* model, const int* inputs, const int* targets, int B, int
     model->T = T;
     if (targets != NULL) {
         fused_classifier(a.logits, model->losses_mapped, targets_d, 1.0f / (B * T), BT, V, Vp);
-        cudaCheck(cudaStreamSynchronize(0));  // the forward pass is done: losses_host holds the losses
-        float sum = 0.0f;  // in row order on the host, as the CPU trainer does
-        for (int i = 0; i < BT; i++) { sum += model->losses_host[i]; }
-        model->mean_loss = sum / BT;
+        cudaCheck(cudaEventRecord(model->losses_written, 0));
+        model->loss_pending = 1;
         model->logits_valid = 0;
     } else {
         model->mean_loss = -1.0f;
+        model->loss_pending = 0;
         model->logits_valid = 1;
     }
+}
+
+// The mean loss of the last forward with targets. The first call waits for the classifier;
+// gpt2_backward makes it once the backward pass is queued, so that the GPU goes on from the
+// forward to the backward pass while the host waits.
+float gpt2_read_loss(GPT2* model) {
+    if (model->loss_pending) {
+        cudaCheck(cudaEventSynchronize(model->losses_written));
+        const int BT = model->B * model->T;
+        float sum = 0.0f;  // in row order on the host, as the CPU trainer does
+        for (int i = 0; i < BT; i++) { sum += model->losses_host[i]; }
+        model->mean_loss = sum / BT;
+        model->loss_pending = 0;
+    }
+    return model->mean_loss;
 }
 
 // ----------------------------------------------------------------------------
@@ -367,7 +386,7 @@ void gpt2_zero_grad(GPT2* model) {
 // backward pass of the last forward (which must have had targets); ADDS into the gradients,
 // so call gpt2_zero_grad first unless accumulating
 void gpt2_backward(GPT2* model) {
-    if (model->mean_loss < 0.0f) { fatal("gpt2_backward: the forward pass had no targets"); }
+    if (!model->loss_pending && model->mean_loss < 0.0f) { fatal("gpt2_backward: the forward pass had no targets"); }
     const GPT2Config* cfg = &model->config;
     const int B = model->B, T = model->T, BT = B * T;
     const int L = cfg->num_layers, C = cfg->channels, NH = cfg->num_heads, Vp = cfg->padded_vocab_size;
@@ -409,6 +428,7 @@ void gpt2_backward(GPT2* model) {
     const int* ids = model->ids;
     encoder_backward(g.wte, g.wpe, dres, ids + 2 * BT, ids + 3 * BT, ids + 4 * BT, model->num_buckets, B,
                      T, C);
+    gpt2_read_loss(model);  // the whole backward pass is queued: now the host may wait
 }
 
 // ----------------------------------------------------------------------------
@@ -590,6 +610,11 @@ int main(int argc, char* argv[]) {
            zf.pipeline ? "per layer" : "whole");
     printf("[optimizer] matrix elements M = %zu: the CPU owns %zu after the first selection, the GPU %zu\n",
            zf.matrix_elems, zf.cpu_capacity, zf.gpu_capacity);
+    if (zf.updater != NULL) {  // zenflow.h's zf_team_sizes says why
+        int cores = zf_cpu_cores(), spare = zf.updater_threads + zf.accumulator_threads < cores;
+        printf("[optimizer] CPU threads: updater %d, accumulator %d of %d cores%s\n", zf.updater_threads,
+               zf.accumulator_threads, cores, spare ? ", one left free for the thread that launches the GPU's work" : "");
+    }
     gpt2_allocate(&model, B, T);
     print_memory_table(&model, &device, &zf);
 
@@ -640,7 +665,7 @@ int main(int argc, char* argv[]) {
             for (int i = 0; i < val_batches; i++) {
                 dataloader_next_batch(&val_loader);
                 gpt2_forward(&model, val_loader.inputs, val_loader.targets, B, T);
-                val_loss += model.mean_loss;
+                val_loss += gpt2_read_loss(&model);
             }
             val_loss /= val_batches;
             printf("step %d/%d | val loss %f\n", step, steps, val_loss);
@@ -662,16 +687,16 @@ int main(int argc, char* argv[]) {
         int span = gpu_trace_begin(0);
         gpt2_forward(&model, train_loader.inputs, train_loader.targets, B, T);
         gpu_trace_end(span, 0, TRACE_COMPUTE, "forward");
-        if (!isfinite(model.mean_loss)) {
+        span = gpu_trace_begin(0);
+        zf_before_backward(&zf, step);  // zero the gradients (with -za gpu inside a window only the GPU's part)
+        gpt2_backward(&model);          // queued; it then waits for the loss
+        gpu_trace_end(span, 0, TRACE_COMPUTE, "backward");
+        if (!isfinite(model.mean_loss)) {  // the parameters are still those of the forward pass
             const char* bad = gpt2_first_nonfinite_tensor(cfg, params_on_host(&model, &host_params));
             fatal("step %d: the loss is %f; %s%s (hint: lower the learning rate -l)", step + 1, model.mean_loss,
                     bad ? "first non-finite parameter tensor: " : "all parameters are finite, the forward pass overflowed",
                     bad ? bad : "");
         }
-        span = gpu_trace_begin(0);
-        zf_before_backward(&zf, step);  // zero the gradients (with -za gpu inside a window only the GPU's part)
-        gpt2_backward(&model);
-        gpu_trace_end(span, 0, TRACE_COMPUTE, "backward");
         zf_step(&zf, step, hyper);
         ZfStepStats st = zf_cuda_step_end(&device, &zf);  // waits for the default stream
         gpu_trace_step_done();

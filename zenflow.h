@@ -218,6 +218,7 @@ typedef struct ZenFlow {
     int closed_window;       // steps in the window the last zf_step closed (0: it closed none)
     ZfWorker* updater;       // overlap: the window updates
     ZfWorker* accumulator;   // overlap and accumulation on the CPU: the per-step accumulations
+    int updater_threads, accumulator_threads;  // their OpenMP teams (0: no such thread)
     int pending;             // a window's CPU result waits to be applied (overlap)
     long pending_ticket;     // its updater job, or -1 once it has finished
     ZfWindowJob job;
@@ -292,6 +293,22 @@ static inline void zf_host_wait(ZenFlow* zf, const float* host) {
 
 // ----------------------------------------------------------------------------
 // init
+
+// The OpenMP teams of the CPU's threads. From 4 cores on they share all cores but one, which
+// stays free for the thread that launches the GPU's work (half each when both threads run).
+// Below 4 each takes every core: holding one back would cost the CPU side a third or half of
+// its speed, and the launch thread, which sleeps between bursts, gets a core as soon as it
+// wakes (docs/performance.md, "The launch thread").
+static inline void zf_team_sizes(int cores, int both, int* updater, int* accumulator) {
+    if (cores < 4) {
+        *updater = cores;
+        *accumulator = both ? cores : 0;
+        return;
+    }
+    int spare = cores - 1;
+    *updater = both ? spare - spare / 2 : spare;
+    *accumulator = both ? spare / 2 : 0;
+}
 
 static inline void zf_init(ZenFlow* zf, ZfConfig cfg, const GPT2Config* model, ZfBackend backend) {
     memset(zf, 0, sizeof(*zf));
@@ -376,12 +393,14 @@ static inline void zf_init(ZenFlow* zf, ZfConfig cfg, const GPT2Config* model, Z
 
     // the CPU's two worker threads (spec 5), with overlap
     if (cfg.overlap) {
-        zf->updater = zf_worker_create(0);
+        zf_team_sizes(zf_cpu_cores(), cfg.accumulate == ZF_ACCUMULATE_CPU, &zf->updater_threads,
+                      &zf->accumulator_threads);
+        zf->updater = zf_worker_create(zf->updater_threads);
         if (zf->updater == NULL) { fatal("could not start the CPU updater thread"); }
-    }
-    if (cfg.overlap && cfg.accumulate == ZF_ACCUMULATE_CPU) {
-        zf->accumulator = zf_worker_create(0);
-        if (zf->accumulator == NULL) { fatal("could not start the CPU accumulator thread"); }
+        if (zf->accumulator_threads > 0) {
+            zf->accumulator = zf_worker_create(zf->accumulator_threads);
+            if (zf->accumulator == NULL) { fatal("could not start the CPU accumulator thread"); }
+        }
     }
 }
 

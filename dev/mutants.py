@@ -180,8 +180,8 @@ MUTANTS = [
     ("G12", "zenflow.cuh", "t.set.rows + t.o0 + tx];\n        }\n    }\n    __syncthreads();",
      "t.set.rows + t.o0 + tx];\n        }\n    }\n",
      "4.6 the scatter's transpose tile is read before every warp has written it", ["emu"]),
-    ("G13", "train_gpt2.cu", "        cudaCheck(cudaStreamSynchronize(0));  // the forward pass is done: losses_host",
-     "        (void)0;  // the forward pass is done: losses_host",
+    ("G13", "train_gpt2.cu", "        cudaCheck(cudaEventSynchronize(model->losses_written));",
+     "        (void)0;",
      "the host reads the losses before the classifier has written them to mapped memory", ["emu"]),
     ("P1", "zenflow.h", "zf->next_apply_group <= 1 + l &&", "zf->next_apply_group <= l &&",
      "7 pipelining: a layer's updated columns land after its forward has read them", ["cpu", "async", "emu"]),
@@ -311,6 +311,8 @@ MUTANTS = [
     ("N2", "llmc/cuda_kernels.cuh", "    if (cublas_compute != CUBLAS_COMPUTE_32F) {\n        matmul_fallback_note",
      "    if (0) {\n        matmul_fallback_note",
      "without a TF32 algorithm the run stops instead of falling back to plain fp32", ["noalg"]),
+    ("H1", "zenflow.h", "    int spare = cores - 1;", "    int spare = cores;",
+     "5 the CPU threads' teams take every core, none left for the thread that launches the GPU's work", ["cpu"]),
 ]
 
 

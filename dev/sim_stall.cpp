@@ -15,15 +15,19 @@ it has landed. The bytes are spec 7's, moved in the trainers' per-layer groups.
 Real: everything on the host. zenflow.h's step, its two worker threads, cpu_adam.cpp's AdamW
 and accumulation over the CPU-owned elements of the model, and every wait of the loop.
 
+The main thread is also the thread that launches the GPU's work: during each compute part
+it does real busy CPU work (-l ms a step when the host is idle, measured at start) before it
+sleeps. The "launch +%" column is how much longer that work took beside the CPU side: the
+launch thread's slowdown (the GPU runs dry when it lags).
+
 Stall (spec 8) = the simulated GPU waiting for a copy, plus the main thread blocked on the
 CPU side. Left out: the copy engines' traffic through host memory (it competes with the
-CPU's AdamW for the memory bus), contention between the two links, and the thread that
-launches the GPU's work (here the main thread only sleeps). Models whose CPU side does not
+CPU's AdamW for the memory bus) and contention between the two links. Models whose CPU side does not
 fit in this host's memory run as a model of the same depth and half (or a quarter) the width,
 their times multiplied by the ratio of the parameter counts: those rows say "scaled".
 
   ./sim_stall [-m d12,d24,d36,d48] [-b 4] [-t 1024] [-u 4] [-k 0.1] [-p 50] [-f 495] [-e 0.35]
-              [-w 4800] [-o step_time.csv]
+              [-w 4800] [-l 5] [-o step_time.csv]
   (make bench runs it; scripts/plot_step_time.py draws its CSV)
 */
 #include <time.h>
@@ -41,6 +45,8 @@ typedef struct {
     double hbm_gbs;      // -w HBM bandwidth: 4800 GB/s (the datasheet's HBM3e figure)
     double pcie_gbs;     // -p per direction: 50 GB/s. PCIe 5.0 x16 is 63 GB/s raw (32 GT/s x 16
                          //    lanes, 128b/130b); pinned cudaMemcpy reaches about 80% of that
+    double launch_ms;    // -l the launch thread's CPU work a step, on an idle host: 5 ms (about
+                         //    600 launches and 170 matmuls of a d12 step at a few us each)
     int B, T;
 } SimMachine;
 
@@ -58,8 +64,9 @@ typedef struct {
     long long uploaded;     // host->device bytes not yet counted in a step (the prefetch)
     std::vector<double> group_done;  // a synchronous apply: when each layer's copy lands
     double gpu_free;        // when the simulated GPU is done with the work it has been given
+    double launch_per_ms;   // busy-loop iterations of launch work per ms of compute
     // this step's numbers (main thread)
-    double compute_ms, stall_ms, d2h_bytes, h2d_bytes, blocked_since;
+    double compute_ms, stall_ms, d2h_bytes, h2d_bytes, blocked_since, launch_ms;
     int blocking;
 } SimDevice;
 
@@ -70,13 +77,43 @@ static void sleep_until(double t_ms) {
     nanosleep(&ts, NULL);
 }
 
-// the GPU computes for ms, after what it has been given (on its own clock: the sleeps'
-// overshoots do not add up)
-static void gpu_work(SimDevice* dev, double ms) {
+// The launch thread's work: a fixed number of dependent multiply-adds (it starts from and
+// ends in a volatile, so the compiler can neither fold nor drop the loop)
+static volatile double launch_sink = 1.0;
+static void launch_work(double iters) {
+    double x = launch_sink;
+    for (long i = 0; i < (long)iters; i++) { x = x * 0.999999 + 1e-6; }
+    launch_sink = x;
+}
+
+// iterations per ms on the host as it is now: the best of five 20 ms runs
+static double launch_iters_per_ms(void) {
+    double best = 0.0, iters = 1e6;
+    for (int i = 0; i < 5; i++) {
+        double t0 = now_ms();
+        launch_work(iters);
+        double ms = now_ms() - t0;
+        best = std::max(best, iters / ms);
+        iters = 20.0 * best;
+    }
+    return best;
+}
+
+// The GPU computes for ms, after what it has been given (on its own clock: the sleeps'
+// overshoots do not add up), while the host launches what comes next (launches = 0: work
+// with no launches of its own to speak of, such as a copy's gather)
+static void gpu_work_launched(SimDevice* dev, double ms, int launches) {
     dev->gpu_free = std::max(dev->gpu_free, now_ms()) + ms;
+    if (launches) {
+        double t0 = now_ms();
+        launch_work(dev->launch_per_ms * ms);
+        dev->launch_ms += now_ms() - t0;
+    }
     sleep_until(dev->gpu_free);
     dev->compute_ms += ms;
 }
+
+static void gpu_work(SimDevice* dev, double ms) { gpu_work_launched(dev, ms, 0); }
 
 static double hbm_ms(const SimDevice* dev, double bytes) { return bytes / (dev->hw.hbm_gbs * 1e6); }
 
@@ -223,12 +260,14 @@ static void sim_host_blocks(void* ctx, int begin) {
 typedef struct {
     std::string mode;
     double step_ms, compute_ms, stall_ms, cpu_ms, d2h_mb, h2d_mb;  // means over the measured steps
+    double launch_ms;  // the launch work's wall time a step (-l ms on an idle host)
 } SimRow;
 
 static double num_params(const GPT2Config* m) { return (double)gpt2_num_params(m); }
 
 // steps 0..7 settle (the first selection, the first windows), steps 8..19 are measured
-static SimRow simulate(const GPT2Config* model, const SimMachine* hw, ZfConfig cfg, const char* name) {
+static SimRow simulate(const GPT2Config* model, const SimMachine* hw, ZfConfig cfg, const char* name,
+                       double iters_per_ms) {
     SimDevice* dev = new SimDevice();
     dev->hw = *hw;
     ZfBackend be;
@@ -261,23 +300,24 @@ static SimRow simulate(const GPT2Config* model, const SimMachine* hw, ZfConfig c
     const double C = model->channels, N = num_params(model);
     const double compute = 6.0 * N * hw->B * hw->T / (hw->mfu * hw->peak_tflops * 1e12) * 1e3;
     const double layer = compute * 12.0 * C * C / N, head = compute - L * layer;
+    dev->launch_per_ms = hw->launch_ms * iters_per_ms / compute;
     ZfAdamHyper hyper = {3e-4f, 0.9f, 0.95f, 1e-8f, 0.0f};
-    SimRow row = {name, 0, 0, 0, 0, 0, 0};
+    SimRow row = {name, 0, 0, 0, 0, 0, 0, 0};
     const int U = zf.cfg.update_interval;  // whole windows: settle 2 or more, measure about 12 steps
     const int settle = std::max(8, 2 * U), measured = U * ((12 + U - 1) / U);
     for (int t = 0; t < settle + measured; t++) {
-        dev->compute_ms = dev->stall_ms = dev->d2h_bytes = dev->h2d_bytes = 0.0;
+        dev->compute_ms = dev->stall_ms = dev->d2h_bytes = dev->h2d_bytes = dev->launch_ms = 0.0;
         double t0 = now_ms(), cpu0 = zf_cpu_work_ms(&zf);
         zf_forward_layer(&zf, -1);
         for (int l = 0; l < L; l++) {
             zf_forward_layer(&zf, l);
-            gpu_work(dev, layer / 3.0);
+            gpu_work_launched(dev, layer / 3.0, 1);
         }
-        gpu_work(dev, head / 3.0);
+        gpu_work_launched(dev, head / 3.0, 1);
         zf_before_backward(&zf, t);
-        gpu_work(dev, 2.0 * head / 3.0);
+        gpu_work_launched(dev, 2.0 * head / 3.0, 1);
         for (int l = L - 1; l >= 0; l--) {
-            gpu_work(dev, 2.0 * layer / 3.0);
+            gpu_work_launched(dev, 2.0 * layer / 3.0, 1);
             zf_backward_layer_done(&zf, l);
         }
         zf_step(&zf, t, hyper);
@@ -288,6 +328,7 @@ static SimRow simulate(const GPT2Config* model, const SimMachine* hw, ZfConfig c
             row.cpu_ms += (zf_cpu_work_ms(&zf) - cpu0) / measured;
             row.d2h_mb += dev->d2h_bytes / 1e6 / measured;
             row.h2d_mb += dev->h2d_bytes / 1e6 / measured;
+            row.launch_ms += dev->launch_ms / measured;
         }
     }
     zf_drain(&zf);
@@ -313,7 +354,7 @@ static double host_need(const GPT2Config* model, ZfConfig cfg) {
 }
 
 int main(int argc, char** argv) {
-    SimMachine hw = {495.0, 0.35, 4800.0, 50.0, 4, 1024};
+    SimMachine hw = {495.0, 0.35, 4800.0, 50.0, 5.0, 4, 1024};
     const char* models = "d12,d24,d36,d48";
     const char* csv_path = NULL;
     ZfConfig base = ZF_DEFAULTS;  // zenflow: k 0.1, U 4, overlap, accumulation on the CPU
@@ -322,7 +363,7 @@ int main(int argc, char** argv) {
         const char* flag = argv[i];
         if (strcmp(flag, "-h") == 0) {
             printf("usage: ./sim_stall [-m d12,d24] [-b B] [-t T] [-u U] [-k topk] [-p PCIe GB/s] [-f TFLOPS]\n"
-                   "       [-e MFU] [-w HBM GB/s] [-o csv]   (the comment on top of dev/sim_stall.cpp says more)\n");
+                   "       [-e MFU] [-w HBM GB/s] [-l launch ms] [-o csv]   (the comment on top of dev/sim_stall.cpp says more)\n");
             return 0;
         }
         if (i + 1 >= argc) { fatal("sim_stall: flag %s needs a value", flag); }
@@ -336,18 +377,25 @@ int main(int argc, char** argv) {
         else if (strcmp(flag, "-f") == 0) { hw.peak_tflops = parse_double(flag, val, 1.0, 1e5); }
         else if (strcmp(flag, "-e") == 0) { hw.mfu = parse_double(flag, val, 0.01, 1.0); }
         else if (strcmp(flag, "-w") == 0) { hw.hbm_gbs = parse_double(flag, val, 1.0, 1e6); }
+        else if (strcmp(flag, "-l") == 0) { hw.launch_ms = parse_double(flag, val, 0.0, 1e4); }
         else if (strcmp(flag, "-o") == 0) { csv_path = val; }
         else { fatal("sim_stall: unknown flag %s (hint: -h)", flag); }
     }
-    const SimMachine h200 = {495.0, 0.35, 4800.0, 50.0, hw.B, hw.T};
+    const SimMachine h200 = {495.0, 0.35, 4800.0, 50.0, hw.launch_ms, hw.B, hw.T};
     const char* device = memcmp(&hw, &h200, sizeof(hw)) == 0 ? "simulated H200" : "simulated GPU";
     FILE* csv = csv_path != NULL ? fopenCheck(csv_path, "w") : NULL;
-    if (csv) { fprintf(csv, "device,model,mode,ms_per_step,compute_ms,stall_ms,cpu_update_ms,pcie_mb_d2h,pcie_mb_h2d\n"); }
+    if (csv) {
+        fprintf(csv, "device,model,mode,ms_per_step,compute_ms,stall_ms,cpu_update_ms,pcie_mb_d2h,pcie_mb_h2d,"
+                     "launch_ms\n");
+    }
+    const double iters_per_ms = launch_iters_per_ms();  // before any CPU side runs
     printf("Simulated GPU and PCIe, real CPU side on this host: B=%d T=%d, peak %.0f TFLOPS x MFU %.2f, HBM %.0f GB/s,\n"
-           "PCIe %.0f GB/s each way; zenflow k %g, U %d, overlap. Means over whole windows after two or more.\n\n",
-           hw.B, hw.T, hw.peak_tflops, hw.mfu, hw.hbm_gbs, hw.pcie_gbs, base.topk, base.update_interval);
-    printf("| model | mode | step ms | compute ms | stall ms | stall %% | PCIe MB down | up | CPU work ms | vs offload |\n");
-    printf("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+           "PCIe %.0f GB/s each way, launch work %.1f ms a step; zenflow k %g, U %d, overlap. Means over whole\n"
+           "windows after two or more.\n\n",
+           hw.B, hw.T, hw.peak_tflops, hw.mfu, hw.hbm_gbs, hw.pcie_gbs, hw.launch_ms, base.topk, base.update_interval);
+    printf("| model | mode | step ms | compute ms | stall ms | stall %% | PCIe MB down | up | CPU work ms | launch +%% "
+           "| vs offload |\n");
+    printf("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     const double available = zf_host_memory_available();
     std::string list = models;
     for (size_t at = 0; at < list.size();) {
@@ -370,7 +418,7 @@ int main(int argc, char** argv) {
         const char* names[4] = {"adamw", "offload", "zenflow", "zenflow-gpu"};
         double offload_ms = 0.0;
         for (int i = 0; i < 4; i++) {
-            SimRow r = simulate(&model, &hw, modes[i], names[i]);
+            SimRow r = simulate(&model, &hw, modes[i], names[i], iters_per_ms);
             // scaled: every time by the parameter ratio; the bytes are the target's own
             double ms = r.step_ms * scale, comp = r.compute_ms * scale, stall = r.stall_ms * scale, cpu = r.cpu_ms * scale;
             double k = zf_effective_config(modes[i]).topk, owned = cpu_owned(&model, k);
@@ -379,12 +427,14 @@ int main(int argc, char** argv) {
             if (i == 1) { offload_ms = ms; }
             char speedup[32] = "";
             if (i >= 2) { snprintf(speedup, sizeof(speedup), "%.2fx", offload_ms / ms); }
-            printf("| %s | %s | %.1f | %.1f | %.1f | %.0f%% | %.0f | %.0f | %.1f | %s |\n", label.c_str(), names[i], ms, comp,
-                   stall, 100.0 * stall / ms, d2h, h2d, cpu, speedup);
+            // the launch work is the target's own (-l a step), not scaled
+            double launch = hw.launch_ms > 0.0 ? 100.0 * (r.launch_ms / hw.launch_ms - 1.0) : 0.0;
+            printf("| %s | %s | %.1f | %.1f | %.1f | %.0f%% | %.0f | %.0f | %.1f | %+.0f%% | %s |\n", label.c_str(), names[i],
+                   ms, comp, stall, 100.0 * stall / ms, d2h, h2d, cpu, launch, speedup);
             fflush(stdout);
             if (csv) {
-                fprintf(csv, "%s,%s,%s,%.3f,%.3f,%.3f,%.3f,%.6f,%.6f\n", device, label.c_str(), names[i], ms, comp, stall,
-                        cpu, d2h, h2d);
+                fprintf(csv, "%s,%s,%s,%.3f,%.3f,%.3f,%.3f,%.6f,%.6f,%.3f\n", device, label.c_str(), names[i], ms, comp,
+                        stall, cpu, d2h, h2d, r.launch_ms);
             }
         }
     }

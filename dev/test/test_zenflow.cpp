@@ -145,12 +145,34 @@ static void test_selection_checker(void) {
     }
 }
 
+// The CPU threads' team sizes (zenflow.h's zf_team_sizes): from 4 cores on, together one
+// core fewer than the host has, both threads at least 1; below 4, each thread every core.
+static void test_team_sizes(void) {
+    printf("== the CPU threads' team sizes\n");
+    int right = 1;
+    for (int cores = 1; cores <= 64; cores++) {
+        for (int both = 0; both <= 1; both++) {
+            int u, a;
+            zf_team_sizes(cores, both, &u, &a);
+            int want = cores < 4 ? u == cores && a == (both ? cores : 0)
+                                 : u + a == cores - 1 && u >= 1 && (both ? a >= 1 && u - a <= 1 : a == 0);
+            if (!want) { printf("  %d cores, %s: updater %d, accumulator %d  WRONG\n", cores, both ? "both" : "updater only", u, a); }
+            right = right && want;
+        }
+    }
+    int u, a;
+    zf_team_sizes(16, 1, &u, &a);
+    printf("  1..64 cores %s; e.g. 16 cores: updater %d, accumulator %d\n", right ? "ok" : "WRONG", u, a);
+    check(right && u == 8 && a == 7, "the CPU threads' team sizes");
+}
+
 int main(int argc, char* argv[]) {
     if (argc < 2) {
         fprintf(stderr, "usage: %s <zenflow case dir> [...] (see dev/test/make_refs.sh)\n", argv[0]);
         return 2;
     }
     test_selection_checker();
+    test_team_sizes();
     for (int i = 1; i < argc; i++) { test_against_reference(argv[i]); }
     test_invariants(argv[1]);
     printf("test_zenflow: %d passed, %d failed\n", g_passed, g_failed);
