@@ -229,6 +229,10 @@ MUTANTS = [
      "the fused classifier may overwrite the target's logit before the loss reads it", ["emu", "reverse"]),
     ("K3", "llmc/cuda_kernels.cuh", "1.0f / sqrtf(var + 1e-5f);", "1.0f / sqrtf(var + 1e-4f);",
      "LayerNorm's epsilon 1e-4 instead of 1e-5", ["emu"]),
+    ("K5", "llmc/cuda_kernels.cuh", "    sum = warp_sum(sum);\n    if (lane == 0) { out[c] += sum; }",
+     "    if (lane == 0) { out[c] += sum; }",
+     "the column sums' second pass (bias and LayerNorm gradients, column scores) keeps lane 0's chunks only",
+     ["emu"]),
     ("K4", "llmc/cuda_kernels.cuh", "        if (i < V) {\n            float p = expf", "        if (i < Vp) {\n            float p = expf",
      "the classifier's padded vocabulary columns get a gradient", ["emu"]),
     # --- bad input (DEVELOPERS.md: one clear line, non-zero exit)

@@ -12,8 +12,9 @@ last ulp of expf/logf/tanhf. Build with `-fmad=false` and without --use_fast_mat
 Determinism: no atomics anywhere. Every reduction has a fixed shape that depends only on
 the problem size: warp shuffles in a fixed butterfly, block reductions through shared
 memory, and sums over rows (bias / LayerNorm parameter gradients) in two passes, per-chunk
-partial sums then one thread per column adding the chunks in order. The embedding gradient
-adds the positions of each token in position order (the host buckets positions by token).
+partial sums then one warp per column adding the chunks in a fixed order. The embedding
+gradient adds the positions of each token in position order (the host buckets positions by
+token).
 cuBLASLt is deterministic for a given algorithm; we pick it once per problem shape.
 
 Matrices are row-major here (like the CPU code and the files) and column-major in cuBLAS.
@@ -193,23 +194,37 @@ __device__ inline float block_max(float v) {
 
 // Column sums over rows in two deterministic passes. Pass 1: block (32, 8) owns 32 columns
 // and one chunk of rows; each thread sums every 8th row of the chunk, then the 8 partial
-// sums are added in order. Pass 2: one thread per column adds the chunks in order.
-// The chunking depends only on the number of rows, never on timing.
+// sums are added in order. Pass 2: one warp per column; lane l adds chunks l, l + 32, l + 64,
+// ... in order, then warp_sum adds the 32 lanes' sums in its fixed butterfly. (One thread per
+// column would load its up to 128 partials one after the other, and a bias's few thousand
+// columns are too few threads to hide that.)
+// The chunking and both orders depend only on the number of rows, never on timing.
 #define COLSUM_MAX_CHUNKS 128
+#define COLSUM_COLS_PER_BLOCK 8  // pass 2: 8 warps, 256 threads
 
 static inline int colsum_rows_per_chunk(int rows) {
     int per_chunk = ceil_div(rows, COLSUM_MAX_CHUNKS);
     return ceil_div(per_chunk, 8) * 8;  // a whole number of rows per thread
 }
 
-// out[c] += sum over chunks k of partial[k * cols + c], k in order
-__global__ void column_sum_finalize_kernel(float* __restrict__ out, const float* __restrict__ partial,
+// out[c] += sum over chunks k of partial[k * cols + c]; warp w of block b does column
+// b * COLSUM_COLS_PER_BLOCK + w (its reads are strided by cols: at most 128 of them)
+__global__ void column_sum_finalize_kernel(float* __restrict__ out,            // (cols)
+                                           const float* __restrict__ partial,  // (num_chunks, cols)
                                            int num_chunks, int cols) {
-    int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= cols) { return; }
+    int c = blockIdx.x * COLSUM_COLS_PER_BLOCK + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (c >= cols) { return; }  // the whole warp: warp_sum needs all 32 lanes
     float sum = 0.0f;
-    for (int k = 0; k < num_chunks; k++) { sum += partial[(size_t)k * cols + c]; }
-    out[c] += sum;
+    for (int k = lane; k < num_chunks; k += 32) { sum += partial[(size_t)k * cols + c]; }
+    sum = warp_sum(sum);
+    if (lane == 0) { out[c] += sum; }
+}
+
+// pass 2 of the column sums: out (cols) += the sums of partial (num_chunks, cols)'s columns
+static inline void column_sum_finalize(float* out, const float* partial, int num_chunks, int cols) {
+    column_sum_finalize_kernel<<<ceil_div(cols, COLSUM_COLS_PER_BLOCK), COLSUM_COLS_PER_BLOCK * 32>>>(
+        out, partial, num_chunks, cols);
+    cudaCheck(cudaGetLastError());
 }
 
 // pass 1 of the column sums of x (rows, cols), or of its squares (squares = 1)
@@ -243,9 +258,7 @@ static inline void column_sums(float* out, float* scratch, const float* x, int r
     column_sums_partial_kernel<<<dim3(ceil_div(cols, 32), chunks), dim3(32, 8)>>>(scratch, x, rows, cols,
                                                                                   rows_per_chunk, squares);
     cudaCheck(cudaGetLastError());
-    const int block = 256;
-    column_sum_finalize_kernel<<<ceil_div(cols, block), block>>>(out, scratch, chunks, cols);
-    cudaCheck(cudaGetLastError());
+    column_sum_finalize(out, scratch, chunks, cols);
 }
 
 // ----------------------------------------------------------------------------
@@ -462,10 +475,8 @@ static inline void layernorm_backward(float* dinp, float* dweight, float* dbias,
     layernorm_param_grad_partial_kernel<<<dim3(ceil_div(C, 32), chunks), dim3(32, 8)>>>(
         partial_w, partial_b, dout, inp, mean, rstd, N, C, rows_per_chunk);
     cudaCheck(cudaGetLastError());
-    column_sum_finalize_kernel<<<ceil_div(C, block), block>>>(dweight, partial_w, chunks, C);
-    cudaCheck(cudaGetLastError());
-    column_sum_finalize_kernel<<<ceil_div(C, block), block>>>(dbias, partial_b, chunks, C);
-    cudaCheck(cudaGetLastError());
+    column_sum_finalize(dweight, partial_w, chunks, C);
+    column_sum_finalize(dbias, partial_b, chunks, C);
 }
 
 // ----------------------------------------------------------------------------
