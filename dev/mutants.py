@@ -47,6 +47,9 @@ Suites (what "the tests named" means), each a subset of make test:
          random shapes, C and B*T off the multiples of 16 and 8 the fixed cases all have
   noalg  the CUDA test (tiny) on the emulator whose cuBLASLt offers no algorithm with a bias
          epilogue, then none in TF32 (EMU_NO_ALGORITHM): the fallbacks must still match
+  kernels every dev/cuda program on the emulator (make test's emu_dev_cuda), each kernel
+         against its CPU reference at shapes the trainer's tests do not reach (the classifier
+         at V = 50257: many logits per thread, where the tiny model gives each thread one)
 """
 import argparse
 import os
@@ -61,6 +64,7 @@ REFS = "dev/test/ref"
 # the Python the tests need (numpy, torch: Debian's), as in the Makefile
 PY = os.environ.get("PYTHON", "/usr/bin/python3")
 ZF_ALL = " ".join(f"{REFS}/zf_{c}" for c in "abcdefghv")
+DEV_CUDA = sorted(f[:-3] for f in os.listdir(os.path.join(ROOT, "dev/cuda")) if f.endswith(".cu"))
 
 # suite: (make targets, commands run in order)
 SUITES = {
@@ -86,6 +90,8 @@ SUITES = {
     "noalg": (["build/emu/test_gpt2cu"],
               [f"env EMU_NO_ALGORITHM=bias EMU_SCHEDULE=eager ./build/emu/test_gpt2cu {REFS}/tiny",
                f"env EMU_NO_ALGORITHM=tf32 EMU_SCHEDULE=eager ./build/emu/test_gpt2cu {REFS}/tiny"]),
+    "kernels": ([f"build/emu/dev_cuda/{p}" for p in DEV_CUDA],
+                [f"env ZF_SKIP_BENCHMARKS=1 ./build/emu/dev_cuda/{p}" for p in DEV_CUDA]),
 }
 
 # id, file, old text (must occur exactly once), new text, the bug it stands for, suites.
@@ -233,6 +239,11 @@ MUTANTS = [
      "    if (lane == 0) { out[c] += sum; }",
      "the column sums' second pass (bias and LayerNorm gradients, column scores) keeps lane 0's chunks only",
      ["emu"]),
+    ("K6", "llmc/cuda_kernels.cuh", "st.sum = st.sum * expf(st.max - xi) + 1.0f;", "st.sum = st.sum + 1.0f;",
+     "the classifier's online softmax does not rescale its sum when the max grows", ["kernels"]),
+    ("K7", "llmc/cuda_kernels.cuh", "float sa = a.max == -INFINITY ? 0.0f : a.sum * expf(a.max - m.max);",
+     "float sa = a.sum * expf(a.max - m.max);",
+     "the classifier's (max, sum) merge without the guard: NaN from threads that saw no logit", ["emu"]),
     ("K4", "llmc/cuda_kernels.cuh", "        if (i < V) {\n            float p = expf", "        if (i < Vp) {\n            float p = expf",
      "the classifier's padded vocabulary columns get a gradient", ["emu"]),
     # --- bad input (DEVELOPERS.md: one clear line, non-zero exit)

@@ -171,27 +171,6 @@ __device__ inline float warp_max(float v) {
     return v;
 }
 
-// sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets it
-__device__ inline float block_sum(float v) {
-    __shared__ float partial[32];
-    int lane = threadIdx.x % 32, warp = threadIdx.x / 32, num_warps = blockDim.x / 32;
-    v = warp_sum(v);
-    __syncthreads();  // an earlier call may still be reading `partial`
-    if (lane == 0) { partial[warp] = v; }
-    __syncthreads();
-    return warp_sum(lane < num_warps ? partial[lane] : 0.0f);
-}
-
-__device__ inline float block_max(float v) {
-    __shared__ float partial[32];
-    int lane = threadIdx.x % 32, warp = threadIdx.x / 32, num_warps = blockDim.x / 32;
-    v = warp_max(v);
-    __syncthreads();
-    if (lane == 0) { partial[warp] = v; }
-    __syncthreads();
-    return warp_max(lane < num_warps ? partial[lane] : -INFINITY);
-}
-
 // Column sums over rows in two deterministic passes. Pass 1: block (32, 8) owns 32 columns
 // and one chunk of rows; each thread sums every 8th row of the chunk, then the 8 partial
 // sums are added in order. Pass 2: one warp per column; lane l adds chunks l, l + 32, l + 64,
@@ -920,6 +899,49 @@ static inline void residual_forward(float* out, const float* a, const float* b, 
 // fused classifier: softmax over the first V of Vp logits, the loss of the target, and
 // dlogits = (probs - onehot(target)) * dloss written IN PLACE of the logits (the (B, T, Vp)
 // probabilities are never stored). One block per (b, t) row; padded columns get 0.
+// The max and the sum of exponentials come from ONE pass over the row (an online softmax,
+// as llm.c's prepare_softmax_blockwide): each thread keeps a running max and a sum relative
+// to it, rescaling the sum when the max grows; the gradient pass reads the row once more.
+
+// a softmax's running max and the sum of expf(x - max) over the elements seen so far;
+// no element yet: {-INFINITY, 0}
+typedef struct {
+    float max, sum;
+} SoftmaxStats;
+
+// the stats of two disjoint sets of elements. Symmetric (merge(a, b) == merge(b, a) bit for
+// bit), so a butterfly leaves the same pair in every lane. A side with no element adds 0:
+// its sum times expf(-inf - max) would be NaN when both maxes are -inf.
+__device__ inline SoftmaxStats softmax_merge(SoftmaxStats a, SoftmaxStats b) {
+    SoftmaxStats m;
+    m.max = fmaxf(a.max, b.max);
+    float sa = a.max == -INFINITY ? 0.0f : a.sum * expf(a.max - m.max);
+    float sb = b.max == -INFINITY ? 0.0f : b.sum * expf(b.max - m.max);
+    m.sum = sa + sb;
+    return m;
+}
+
+__device__ inline SoftmaxStats warp_softmax_merge(SoftmaxStats a) {
+    for (int offset = 16; offset > 0; offset >>= 1) {
+        SoftmaxStats other = {__shfl_xor_sync(0xffffffff, a.max, offset), __shfl_xor_sync(0xffffffff, a.sum, offset)};
+        a = softmax_merge(a, other);
+    }
+    return a;
+}
+
+// the stats of the whole block (blockDim.x a multiple of 32, at most 1024), every thread gets
+// them: each warp's, then the warps' through shared memory. Also a barrier: every thread has
+// read its elements before any thread returns.
+__device__ inline SoftmaxStats block_softmax_merge(SoftmaxStats a) {
+    __shared__ SoftmaxStats partial[32];
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32, num_warps = blockDim.x / 32;
+    a = warp_softmax_merge(a);
+    __syncthreads();  // an earlier call may still be reading `partial`
+    if (lane == 0) { partial[warp] = a; }
+    __syncthreads();
+    SoftmaxStats none = {-INFINITY, 0.0f};
+    return warp_softmax_merge(lane < num_warps ? partial[lane] : none);
+}
 
 __global__ void fused_classifier_kernel(float* __restrict__ logits,       // (N, Vp) in: logits, out: dlogits
                                         float* __restrict__ losses,       // (N)
@@ -927,12 +949,18 @@ __global__ void fused_classifier_kernel(float* __restrict__ logits,       // (N,
                                         float dloss, int N, int V, int Vp) {
     int row = blockIdx.x;
     float* x = logits + (size_t)row * Vp;
-    float maxval = -INFINITY;
-    for (int i = threadIdx.x; i < V; i += blockDim.x) { maxval = fmaxf(maxval, x[i]); }
-    maxval = block_max(maxval);
-    float sum = 0.0f;
-    for (int i = threadIdx.x; i < V; i += blockDim.x) { sum += expf(x[i] - maxval); }
-    sum = block_sum(sum);  // also a barrier: every x[i] was read before anyone writes below
+    SoftmaxStats st = {-INFINITY, 0.0f};
+    for (int i = threadIdx.x; i < V; i += blockDim.x) {
+        float xi = x[i];
+        if (xi > st.max) {  // a new max: the sum so far was relative to the old one
+            st.sum = st.sum * expf(st.max - xi) + 1.0f;
+            st.max = xi;
+        } else {
+            st.sum += expf(xi - st.max);
+        }
+    }
+    st = block_softmax_merge(st);  // also a barrier: every x[i] was read before anyone writes below
+    float maxval = st.max, sum = st.sum;
     int target = targets[row];
     // -log p[target] as log(sum) - (x[target] - max), as the CPU trainer: finite however far
     // below the max the target's logit is
