@@ -14,7 +14,9 @@ matrix, back to back). An element is W[o, col_r], col_r the set's r-th column; p
     GPU moments m, v, after all the vectors:   m[vector_elems + gpu_offset + o * n_sel + r]
 By row on the GPU, so that the AdamW kernel walks W's rows in order (with k = 1 every access
 is contiguous); zenflow.h sees those moments only through moments_to_host and _from_host,
-which transpose on the host.
+which transpose on the host. The vectors (always GPU-owned) are column sets too, of one
+column each, with their moments first in m and v: one more grid, so that their AdamW and
+their zeroing are one launch each, by the same kernels as the matrices' columns.
 
 Streams: the default stream runs forward, backward, zeroing, AdamW, gather and scatter; the
 d2h stream copies staging -> host (the gradient columns every step, or A once a window), the
@@ -141,6 +143,13 @@ typedef struct {
     long long *h_gpu_chunks, *h_cpu_tiles, *h_cpu_chunks;
     int *order, *h_order;  // (total_cols)
     ZfGrid gpu_grid, cpu_tile_grid, cpu_chunk_grid;
+    // the vectors' grid, built once (they never change owner): vector i is a set of rows = n,
+    // cols = 1, its one column 0 (vector_order = {0}), its moments at m[the earlier vectors' n]
+    ZfColumnSet* vector_sets;   // (num_vectors) device
+    long long* vector_chunks;   // (num_vectors + 1) device
+    int* vector_order;          // (1) device
+    ZfGrid vector_grid;
+    long long vector_blocks;    // chunks of all vectors: the grid's blocks
     // 4.3: the GPU's optimizer state: every vector, then each matrix's selected columns
     float* m;  // (vector_elems + gpu_capacity) device, row by row per matrix (see the top)
     float* v;
@@ -181,31 +190,34 @@ static void zf_cuda_compute_waits(ZfCudaDevice* dev, cudaEvent_t event);
 
 // ----------------------------------------------------------------------------
 // before the backward pass (spec 7): zero the gradients, or with accumulation on the GPU
-// inside a window only the GPU-owned ones (the vectors and the selected columns)
+// inside a window only the GPU-owned ones (the vectors, then the selected columns: one
+// launch each)
 
 __global__ void zf_zero_columns_kernel(float* __restrict__ grads,  // (num_parameters)
-                                       ZfGrid gpu) {
-    ZfChunk chunk = zf_chunk_of_block(gpu);
+                                       ZfGrid sets) {
+    ZfChunk chunk = zf_chunk_of_block(sets);
     for (int j = threadIdx.x; j < ZF_CHUNK; j += ZF_BLOCK) {
         size_t at, k;
         if (zf_chunk_element(chunk, j, &at, &k)) { grads[at] = 0.0f; }
     }
 }
 
+// zero the gradients of a grid's sets; blocks: the grid's chunks
+static void zf_cuda_zero_columns(ZfCudaDevice* dev, ZfGrid grid, long long blocks) {
+    if (blocks == 0) { return; }
+    zf_zero_columns_kernel<<<(unsigned)blocks, ZF_BLOCK>>>(dev->grads, grid);
+    cudaCheck(cudaGetLastError());
+}
+
 static void zf_cuda_zero_grads(void* ctx, const ZenFlow* zf, int all) {
     ZfCudaDevice* dev = (ZfCudaDevice*)ctx;
+    (void)zf;
     if (all) {
         cudaCheck(cudaMemsetAsync(dev->grads, 0, dev->num_parameters * sizeof(float), 0));
         return;
     }
-    for (int i = 0; i < zf->num_vectors; i++) {
-        const ZfVector* vec = &zf->vectors[i];
-        cudaCheck(cudaMemsetAsync(dev->grads + vec->offset, 0, vec->n * sizeof(float), 0));
-    }
-    long long chunks = dev->h_gpu_chunks[dev->num_sets];
-    if (chunks == 0) { return; }
-    zf_zero_columns_kernel<<<(unsigned)chunks, ZF_BLOCK>>>(dev->grads, dev->gpu_grid);
-    cudaCheck(cudaGetLastError());
+    zf_cuda_zero_columns(dev, dev->vector_grid, dev->vector_blocks);
+    zf_cuda_zero_columns(dev, dev->gpu_grid, dev->h_gpu_chunks[dev->num_sets]);
 }
 
 // ----------------------------------------------------------------------------
@@ -311,38 +323,38 @@ static void zf_cuda_moments_from_host(void* ctx, const ZenFlow* zf, const float*
 // ----------------------------------------------------------------------------
 // 4.3 AdamW on the GPU-owned elements
 
-// one thread per element of the selected columns (the vectors use adamw_update)
+// one thread per element of a grid's sets: the selected columns (m, v: after the vectors'
+// moments), or the vectors (m, v: their moments, at the start)
 __global__ void zf_adam_columns_kernel(float* __restrict__ params,       // (num_parameters)
                                        const float* __restrict__ grads,  // (num_parameters)
-                                       float* __restrict__ m,            // (gpu_sel_elems) row by row
-                                       float* __restrict__ v,            // (gpu_sel_elems)
-                                       ZfGrid gpu, AdamWConsts c) {
-    ZfChunk chunk = zf_chunk_of_block(gpu);
+                                       float* __restrict__ m,            // (the grid's elements) row by row
+                                       float* __restrict__ v,            // (the grid's elements)
+                                       ZfGrid sets, AdamWConsts c) {
+    ZfChunk chunk = zf_chunk_of_block(sets);
     for (int j = threadIdx.x; j < ZF_CHUNK; j += ZF_BLOCK) {
         size_t at, k;
         if (zf_chunk_element(chunk, j, &at, &k)) { adamw_one(params + at, m + k, v + k, grads[at], c); }
     }
 }
 
-// AdamW (spec 3.1) on every GPU-owned element: the vectors (no weight decay), then the
-// selected columns of every matrix in one launch
+// AdamW on the elements of a grid's sets, their moments m, v; blocks: the grid's chunks
+static void zf_cuda_adam_columns(ZfCudaDevice* dev, ZfGrid grid, long long blocks, float* m, float* v,
+                                 AdamWConsts c) {
+    if (blocks == 0) { return; }
+    zf_adam_columns_kernel<<<(unsigned)blocks, ZF_BLOCK>>>(dev->params, dev->grads, m, v, grid, c);
+    cudaCheck(cudaGetLastError());
+}
+
+// AdamW (spec 3.1) on every GPU-owned element: the vectors (no weight decay, spec 1) in one
+// launch, then the selected columns of every matrix in another
 static void zf_cuda_gpu_adam(void* ctx, const ZenFlow* zf, ZfAdamHyper h, int step) {
     ZfCudaDevice* dev = (ZfCudaDevice*)ctx;
     int span = gpu_trace_begin(0);
-    size_t at = 0;
-    for (int i = 0; i < zf->num_vectors; i++) {
-        const ZfVector* vec = &zf->vectors[i];
-        adamw_update(dev->params + vec->offset, dev->m + at, dev->v + at, dev->grads + vec->offset, vec->n, h.lr,
-                     h.beta1, h.beta2, h.eps, 0.0f, step);
-        at += vec->n;
-    }
-    long long chunks = dev->h_gpu_chunks[dev->num_sets];
-    if (chunks > 0) {
-        AdamWConsts c = adamw_consts(h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, step);
-        zf_adam_columns_kernel<<<(unsigned)chunks, ZF_BLOCK>>>(dev->params, dev->grads, dev->m + zf->vector_elems,
-                                                              dev->v + zf->vector_elems, dev->gpu_grid, c);
-        cudaCheck(cudaGetLastError());
-    }
+    AdamWConsts vectors = adamw_consts(h.lr, h.beta1, h.beta2, h.eps, 0.0f, step);
+    zf_cuda_adam_columns(dev, dev->vector_grid, dev->vector_blocks, dev->m, dev->v, vectors);
+    AdamWConsts matrices = adamw_consts(h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, step);
+    zf_cuda_adam_columns(dev, dev->gpu_grid, dev->h_gpu_chunks[dev->num_sets], dev->m + zf->vector_elems,
+                         dev->v + zf->vector_elems, matrices);
     gpu_trace_end(span, 0, TRACE_COMPUTE, "GPU-side AdamW");
 }
 
@@ -707,6 +719,33 @@ static void zf_cuda_staging_free(ZfStaging* st) {
     cudaCheck(cudaEventDestroy(st->h2d_done));
 }
 
+// the vectors' grid (see the top): vector i is a set of one column, 0, of n rows, its
+// moments after those of vectors 0 .. i-1
+static void zf_cuda_vector_grid(ZfCudaDevice* dev, const ZenFlow* zf) {
+    const int n = zf->num_vectors;
+    ZfColumnSet* sets = (ZfColumnSet*)callocCheck(n, sizeof(ZfColumnSet));
+    long long* chunks = (long long*)callocCheck(n + 1, sizeof(long long));
+    size_t at = 0;
+    for (int i = 0; i < n; i++) {
+        const ZfVector* vec = &zf->vectors[i];
+        if (vec->n >= (1ULL << 31)) { fatal("zenflow.cuh: a vector of %zu elements, too many for int", vec->n); }
+        sets[i] = ZfColumnSet{vec->offset, at, (int)vec->n, 1, 1, 0};
+        chunks[i + 1] = chunks[i] + zf_num_chunks(sets[i]);
+        at += vec->n;
+    }
+    const int zero = 0;
+    dev->vector_sets = (ZfColumnSet*)cuda_malloc(n * sizeof(ZfColumnSet), "ZenFlow column sets");
+    dev->vector_chunks = (long long*)cuda_malloc((n + 1) * sizeof(long long), "ZenFlow column sets");
+    dev->vector_order = (int*)cuda_malloc(sizeof(int), "ZenFlow column order");
+    cudaCheck(cudaMemcpy(dev->vector_sets, sets, n * sizeof(ZfColumnSet), cudaMemcpyHostToDevice));
+    cudaCheck(cudaMemcpy(dev->vector_chunks, chunks, (n + 1) * sizeof(long long), cudaMemcpyHostToDevice));
+    cudaCheck(cudaMemcpy(dev->vector_order, &zero, sizeof(int), cudaMemcpyHostToDevice));
+    dev->vector_grid = ZfGrid{dev->vector_sets, dev->vector_chunks, n, dev->vector_order};
+    dev->vector_blocks = chunks[n];
+    free(sets);
+    free(chunks);
+}
+
 // ZenFlow over a model's parameter and gradient buffers (device, file layout); free with
 // zf_cuda_free. The ZenFlow config is zenflow.h's (zf->cfg is the effective one).
 static void zf_cuda_init(ZenFlow* zf, ZfCudaDevice* dev, float* params, float* grads, const GPT2Config* model,
@@ -764,6 +803,7 @@ static void zf_cuda_init(ZenFlow* zf, ZfCudaDevice* dev, float* params, float* g
     dev->gpu_grid = ZfGrid{dev->gpu_sets, dev->gpu_chunks, dev->num_sets, dev->order};
     dev->cpu_tile_grid = ZfGrid{dev->cpu_sets, dev->cpu_tiles, dev->num_sets, dev->order};
     dev->cpu_chunk_grid = ZfGrid{dev->cpu_sets, dev->cpu_chunks, dev->num_sets, dev->order};
+    zf_cuda_vector_grid(dev, zf);
 
     // the GPU's optimizer state (zero, like every moment before the first step)
     size_t g = zf->vector_elems + zf->gpu_capacity;
@@ -832,7 +872,8 @@ static void zf_cuda_free(ZenFlow* zf, ZfCudaDevice* dev) {
     cudaCheck(cudaEventDestroy(dev->abs_done));
     mapped_free(dev->abs_host);
     void* device_bufs[] = {dev->cpu_sets, dev->gpu_sets, dev->cpu_tiles, dev->gpu_chunks, dev->cpu_chunks, dev->order,
-                           dev->m, dev->v, dev->scores, dev->score_partial, dev->abs_partial};
+                           dev->vector_sets, dev->vector_chunks, dev->vector_order, dev->m, dev->v, dev->scores,
+                           dev->score_partial, dev->abs_partial};
     for (void* p : device_bufs) { cudaCheck(cudaFree(p)); }
     void* host_bufs[] = {dev->h_cpu_sets, dev->h_gpu_sets, dev->h_cpu_tiles, dev->h_gpu_chunks, dev->h_cpu_chunks,
                          dev->h_order, dev->host_moments};

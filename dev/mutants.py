@@ -47,6 +47,9 @@ Suites (what "the tests named" means), each a subset of make test:
          random shapes, C and B*T off the multiples of 16 and 8 the fixed cases all have
   noalg  the CUDA test (tiny) on the emulator whose cuBLASLt offers no algorithm with a bias
          epilogue, then none in TF32 (EMU_NO_ALGORITHM): the fallbacks must still match
+  kernels every dev/cuda program on the emulator (make test's emu_dev_cuda), each kernel
+         against its CPU reference at shapes the trainer's tests do not reach (the classifier
+         at V = 50257: many logits per thread, where the tiny model gives each thread one)
 """
 import argparse
 import os
@@ -61,6 +64,7 @@ REFS = "dev/test/ref"
 # the Python the tests need (numpy, torch: Debian's), as in the Makefile
 PY = os.environ.get("PYTHON", "/usr/bin/python3")
 ZF_ALL = " ".join(f"{REFS}/zf_{c}" for c in "abcdefghv")
+DEV_CUDA = sorted(f[:-3] for f in os.listdir(os.path.join(ROOT, "dev/cuda")) if f.endswith(".cu"))
 
 # suite: (make targets, commands run in order)
 SUITES = {
@@ -86,6 +90,8 @@ SUITES = {
     "noalg": (["build/emu/test_gpt2cu"],
               [f"env EMU_NO_ALGORITHM=bias EMU_SCHEDULE=eager ./build/emu/test_gpt2cu {REFS}/tiny",
                f"env EMU_NO_ALGORITHM=tf32 EMU_SCHEDULE=eager ./build/emu/test_gpt2cu {REFS}/tiny"]),
+    "kernels": ([f"build/emu/dev_cuda/{p}" for p in DEV_CUDA],
+                [f"env ZF_SKIP_BENCHMARKS=1 ./build/emu/dev_cuda/{p}" for p in DEV_CUDA]),
 }
 
 # id, file, old text (must occur exactly once), new text, the bug it stands for, suites.
@@ -163,11 +169,16 @@ MUTANTS = [
     ("G5", "llmc/cuda_kernels.cuh", "for (int y = 0; y < 8; y++) { total += s[y][threadIdx.x]; }",
      "for (int y = 0; y < 7; y++) { total += s[y][threadIdx.x]; }",
      "the column sums (bias gradients, 4.2.2 column scores) leave out every eighth row", ["emu"]),
-    ("G6", "zenflow.cuh", "vec->n, h.lr,\n                     h.beta1, h.beta2, h.eps, 0.0f, step);",
-     "vec->n, h.lr,\n                     h.beta1, h.beta2, h.eps, h.weight_decay, step);",
+    ("G6", "zenflow.cuh", "AdamWConsts vectors = adamw_consts(h.lr, h.beta1, h.beta2, h.eps, 0.0f, step);",
+     "AdamWConsts vectors = adamw_consts(h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, step);",
      "1 weight decay on the vectors (GPU)", ["emu"]),
-    ("G7", "zenflow.cuh", "    if (chunks == 0) { return; }\n    zf_zero_columns_kernel", "    return;\n    zf_zero_columns_kernel",
+    ("G7", "zenflow.cuh", "    zf_cuda_zero_columns(dev, dev->gpu_grid, dev->h_gpu_chunks[dev->num_sets]);\n", "",
      "7 GPU accumulation: the GPU-owned columns are not zeroed inside a window", ["emu"]),
+    ("G14", "zenflow.cuh", "    zf_cuda_zero_columns(dev, dev->vector_grid, dev->vector_blocks);\n", "",
+     "7 GPU accumulation: the vectors' gradients are not zeroed inside a window (left out of the zeroing)", ["emu"]),
+    ("G15", "zenflow.cuh", "        chunks[i + 1] = chunks[i] + zf_num_chunks(sets[i]);\n        at += vec->n;\n",
+     "        chunks[i + 1] = chunks[i] + zf_num_chunks(sets[i]);\n",
+     "the vectors' grid puts every vector's moments at m[0] (they share the first vector's)", ["emu"]),
     ("G8", "zenflow.cuh", "    dev->prefetched = 1;  // read by", "    dev->prefetched = 0;  // read by",
      "4.6 the prefetched update is uploaded a second time at the apply (PCIe bytes)", ["emu", "pcie"]),
     ("G9", "zenflow.cuh", "const ZfGrid grid = side == 0 ? dev->gpu_grid : dev->cpu_chunk_grid;",
@@ -224,6 +235,15 @@ MUTANTS = [
      "the fused classifier may overwrite the target's logit before the loss reads it", ["emu", "reverse"]),
     ("K3", "llmc/cuda_kernels.cuh", "1.0f / sqrtf(var + 1e-5f);", "1.0f / sqrtf(var + 1e-4f);",
      "LayerNorm's epsilon 1e-4 instead of 1e-5", ["emu"]),
+    ("K5", "llmc/cuda_kernels.cuh", "    sum = warp_sum(sum);\n    if (lane == 0) { out[c] += sum; }",
+     "    if (lane == 0) { out[c] += sum; }",
+     "the column sums' second pass (bias and LayerNorm gradients, column scores) keeps lane 0's chunks only",
+     ["emu"]),
+    ("K6", "llmc/cuda_kernels.cuh", "st.sum = st.sum * expf(st.max - xi) + 1.0f;", "st.sum = st.sum + 1.0f;",
+     "the classifier's online softmax does not rescale its sum when the max grows", ["kernels"]),
+    ("K7", "llmc/cuda_kernels.cuh", "float sa = a.max == -INFINITY ? 0.0f : a.sum * expf(a.max - m.max);",
+     "float sa = a.sum * expf(a.max - m.max);",
+     "the classifier's (max, sum) merge without the guard: NaN from threads that saw no logit", ["emu"]),
     ("K4", "llmc/cuda_kernels.cuh", "        if (i < V) {\n            float p = expf", "        if (i < Vp) {\n            float p = expf",
      "the classifier's padded vocabulary columns get a gradient", ["emu"]),
     # --- bad input (DEVELOPERS.md: one clear line, non-zero exit)

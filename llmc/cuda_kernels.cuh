@@ -12,8 +12,9 @@ last ulp of expf/logf/tanhf. Build with `-fmad=false` and without --use_fast_mat
 Determinism: no atomics anywhere. Every reduction has a fixed shape that depends only on
 the problem size: warp shuffles in a fixed butterfly, block reductions through shared
 memory, and sums over rows (bias / LayerNorm parameter gradients) in two passes, per-chunk
-partial sums then one thread per column adding the chunks in order. The embedding gradient
-adds the positions of each token in position order (the host buckets positions by token).
+partial sums then one warp per column adding the chunks in a fixed order. The embedding
+gradient adds the positions of each token in position order (the host buckets positions by
+token).
 cuBLASLt is deterministic for a given algorithm; we pick it once per problem shape.
 
 Matrices are row-major here (like the CPU code and the files) and column-major in cuBLAS.
@@ -170,46 +171,39 @@ __device__ inline float warp_max(float v) {
     return v;
 }
 
-// sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets it
-__device__ inline float block_sum(float v) {
-    __shared__ float partial[32];
-    int lane = threadIdx.x % 32, warp = threadIdx.x / 32, num_warps = blockDim.x / 32;
-    v = warp_sum(v);
-    __syncthreads();  // an earlier call may still be reading `partial`
-    if (lane == 0) { partial[warp] = v; }
-    __syncthreads();
-    return warp_sum(lane < num_warps ? partial[lane] : 0.0f);
-}
-
-__device__ inline float block_max(float v) {
-    __shared__ float partial[32];
-    int lane = threadIdx.x % 32, warp = threadIdx.x / 32, num_warps = blockDim.x / 32;
-    v = warp_max(v);
-    __syncthreads();
-    if (lane == 0) { partial[warp] = v; }
-    __syncthreads();
-    return warp_max(lane < num_warps ? partial[lane] : -INFINITY);
-}
-
 // Column sums over rows in two deterministic passes. Pass 1: block (32, 8) owns 32 columns
 // and one chunk of rows; each thread sums every 8th row of the chunk, then the 8 partial
-// sums are added in order. Pass 2: one thread per column adds the chunks in order.
-// The chunking depends only on the number of rows, never on timing.
+// sums are added in order. Pass 2: one warp per column; lane l adds chunks l, l + 32, l + 64,
+// ... in order, then warp_sum adds the 32 lanes' sums in its fixed butterfly. (One thread per
+// column would load its up to 128 partials one after the other, and a bias's few thousand
+// columns are too few threads to hide that.)
+// The chunking and both orders depend only on the number of rows, never on timing.
 #define COLSUM_MAX_CHUNKS 128
+#define COLSUM_COLS_PER_BLOCK 8  // pass 2: 8 warps, 256 threads
 
 static inline int colsum_rows_per_chunk(int rows) {
     int per_chunk = ceil_div(rows, COLSUM_MAX_CHUNKS);
     return ceil_div(per_chunk, 8) * 8;  // a whole number of rows per thread
 }
 
-// out[c] += sum over chunks k of partial[k * cols + c], k in order
-__global__ void column_sum_finalize_kernel(float* __restrict__ out, const float* __restrict__ partial,
+// out[c] += sum over chunks k of partial[k * cols + c]; warp w of block b does column
+// b * COLSUM_COLS_PER_BLOCK + w (its reads are strided by cols: at most 128 of them)
+__global__ void column_sum_finalize_kernel(float* __restrict__ out,            // (cols)
+                                           const float* __restrict__ partial,  // (num_chunks, cols)
                                            int num_chunks, int cols) {
-    int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= cols) { return; }
+    int c = blockIdx.x * COLSUM_COLS_PER_BLOCK + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (c >= cols) { return; }  // the whole warp: warp_sum needs all 32 lanes
     float sum = 0.0f;
-    for (int k = 0; k < num_chunks; k++) { sum += partial[(size_t)k * cols + c]; }
-    out[c] += sum;
+    for (int k = lane; k < num_chunks; k += 32) { sum += partial[(size_t)k * cols + c]; }
+    sum = warp_sum(sum);
+    if (lane == 0) { out[c] += sum; }
+}
+
+// pass 2 of the column sums: out (cols) += the sums of partial (num_chunks, cols)'s columns
+static inline void column_sum_finalize(float* out, const float* partial, int num_chunks, int cols) {
+    column_sum_finalize_kernel<<<ceil_div(cols, COLSUM_COLS_PER_BLOCK), COLSUM_COLS_PER_BLOCK * 32>>>(
+        out, partial, num_chunks, cols);
+    cudaCheck(cudaGetLastError());
 }
 
 // pass 1 of the column sums of x (rows, cols), or of its squares (squares = 1)
@@ -243,9 +237,7 @@ static inline void column_sums(float* out, float* scratch, const float* x, int r
     column_sums_partial_kernel<<<dim3(ceil_div(cols, 32), chunks), dim3(32, 8)>>>(scratch, x, rows, cols,
                                                                                   rows_per_chunk, squares);
     cudaCheck(cudaGetLastError());
-    const int block = 256;
-    column_sum_finalize_kernel<<<ceil_div(cols, block), block>>>(out, scratch, chunks, cols);
-    cudaCheck(cudaGetLastError());
+    column_sum_finalize(out, scratch, chunks, cols);
 }
 
 // ----------------------------------------------------------------------------
@@ -462,10 +454,8 @@ static inline void layernorm_backward(float* dinp, float* dweight, float* dbias,
     layernorm_param_grad_partial_kernel<<<dim3(ceil_div(C, 32), chunks), dim3(32, 8)>>>(
         partial_w, partial_b, dout, inp, mean, rstd, N, C, rows_per_chunk);
     cudaCheck(cudaGetLastError());
-    column_sum_finalize_kernel<<<ceil_div(C, block), block>>>(dweight, partial_w, chunks, C);
-    cudaCheck(cudaGetLastError());
-    column_sum_finalize_kernel<<<ceil_div(C, block), block>>>(dbias, partial_b, chunks, C);
-    cudaCheck(cudaGetLastError());
+    column_sum_finalize(dweight, partial_w, chunks, C);
+    column_sum_finalize(dbias, partial_b, chunks, C);
 }
 
 // ----------------------------------------------------------------------------
@@ -909,6 +899,49 @@ static inline void residual_forward(float* out, const float* a, const float* b, 
 // fused classifier: softmax over the first V of Vp logits, the loss of the target, and
 // dlogits = (probs - onehot(target)) * dloss written IN PLACE of the logits (the (B, T, Vp)
 // probabilities are never stored). One block per (b, t) row; padded columns get 0.
+// The max and the sum of exponentials come from ONE pass over the row (an online softmax,
+// as llm.c's prepare_softmax_blockwide): each thread keeps a running max and a sum relative
+// to it, rescaling the sum when the max grows; the gradient pass reads the row once more.
+
+// a softmax's running max and the sum of expf(x - max) over the elements seen so far;
+// no element yet: {-INFINITY, 0}
+typedef struct {
+    float max, sum;
+} SoftmaxStats;
+
+// the stats of two disjoint sets of elements. Symmetric (merge(a, b) == merge(b, a) bit for
+// bit), so a butterfly leaves the same pair in every lane. A side with no element adds 0:
+// its sum times expf(-inf - max) would be NaN when both maxes are -inf.
+__device__ inline SoftmaxStats softmax_merge(SoftmaxStats a, SoftmaxStats b) {
+    SoftmaxStats m;
+    m.max = fmaxf(a.max, b.max);
+    float sa = a.max == -INFINITY ? 0.0f : a.sum * expf(a.max - m.max);
+    float sb = b.max == -INFINITY ? 0.0f : b.sum * expf(b.max - m.max);
+    m.sum = sa + sb;
+    return m;
+}
+
+__device__ inline SoftmaxStats warp_softmax_merge(SoftmaxStats a) {
+    for (int offset = 16; offset > 0; offset >>= 1) {
+        SoftmaxStats other = {__shfl_xor_sync(0xffffffff, a.max, offset), __shfl_xor_sync(0xffffffff, a.sum, offset)};
+        a = softmax_merge(a, other);
+    }
+    return a;
+}
+
+// the stats of the whole block (blockDim.x a multiple of 32, at most 1024), every thread gets
+// them: each warp's, then the warps' through shared memory. Also a barrier: every thread has
+// read its elements before any thread returns.
+__device__ inline SoftmaxStats block_softmax_merge(SoftmaxStats a) {
+    __shared__ SoftmaxStats partial[32];
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32, num_warps = blockDim.x / 32;
+    a = warp_softmax_merge(a);
+    __syncthreads();  // an earlier call may still be reading `partial`
+    if (lane == 0) { partial[warp] = a; }
+    __syncthreads();
+    SoftmaxStats none = {-INFINITY, 0.0f};
+    return warp_softmax_merge(lane < num_warps ? partial[lane] : none);
+}
 
 __global__ void fused_classifier_kernel(float* __restrict__ logits,       // (N, Vp) in: logits, out: dlogits
                                         float* __restrict__ losses,       // (N)
@@ -916,12 +949,18 @@ __global__ void fused_classifier_kernel(float* __restrict__ logits,       // (N,
                                         float dloss, int N, int V, int Vp) {
     int row = blockIdx.x;
     float* x = logits + (size_t)row * Vp;
-    float maxval = -INFINITY;
-    for (int i = threadIdx.x; i < V; i += blockDim.x) { maxval = fmaxf(maxval, x[i]); }
-    maxval = block_max(maxval);
-    float sum = 0.0f;
-    for (int i = threadIdx.x; i < V; i += blockDim.x) { sum += expf(x[i] - maxval); }
-    sum = block_sum(sum);  // also a barrier: every x[i] was read before anyone writes below
+    SoftmaxStats st = {-INFINITY, 0.0f};
+    for (int i = threadIdx.x; i < V; i += blockDim.x) {
+        float xi = x[i];
+        if (xi > st.max) {  // a new max: the sum so far was relative to the old one
+            st.sum = st.sum * expf(st.max - xi) + 1.0f;
+            st.max = xi;
+        } else {
+            st.sum += expf(xi - st.max);
+        }
+    }
+    st = block_softmax_merge(st);  // also a barrier: every x[i] was read before anyone writes below
+    float maxval = st.max, sum = st.sum;
     int target = targets[row];
     // -log p[target] as log(sum) - (x[target] - max), as the CPU trainer: finite however far
     // below the max the target's logit is
