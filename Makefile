@@ -3,7 +3,8 @@
 #   make            build what this machine can build (CPU trainer always, CUDA if nvcc exists)
 #   make test       every test this machine can run; skipped ones are named with the reason
 #   make run        prepare tinyshakespeare, build, train (GPU if there is one, else CPU)
-#   make deps       install the Debian packages the Python scripts need (python3-torch, ...)
+#   make deps       install the Debian packages the Python scripts need (python3-torch, ...);
+#                   make run installs only what it needs (python3-numpy, python3-regex)
 #
 # Python scripts run with Debian's interpreter, which is where python3-torch installs.
 PYTHON ?= /usr/bin/python3
@@ -46,24 +47,24 @@ endif
 
 HEADERS = $(wildcard llmc/*.h) cpu_adam.h zenflow.h
 
-.PHONY: all test run data deps refs gpu_refs gpu_rehearsal clean bench bench_zenflow bench_llmc llmc_cpu bench_llmc_cpu cuda_dev fuzz emu
+.PHONY: all test run data deps deps_run refs gpu_refs gpu_rehearsal clean bench bench_zenflow bench_llmc llmc_cpu bench_llmc_cpu cuda_dev fuzz emu
 all: $(CPU_BINS) $(CUDA_BINS)
 
 cpu_adam.o: cpu_adam.cpp cpu_adam.h
 	$(CXX) $(CXXFLAGS) -c $< -o $@
 
-train_gpt2cpu: dev/train_gpt2.cpp cpu_adam.o $(HEADERS)
+train_gpt2cpu: train_gpt2.cpp cpu_adam.o $(HEADERS)
 	$(CXX) $(CXXFLAGS) $< cpu_adam.o -o $@ $(LDLIBS)
 
-test_gpt2cpu: dev/test/test_gpt2.cpp dev/test/test_common.h dev/train_gpt2.cpp cpu_adam.o $(HEADERS)
+test_gpt2cpu: dev/test/test_gpt2.cpp dev/test/test_common.h train_gpt2.cpp cpu_adam.o $(HEADERS)
 	$(CXX) $(CXXFLAGS) $< cpu_adam.o -o $@ $(LDLIBS)
 
-test_zenflow: dev/test/test_zenflow.cpp dev/test/test_common.h dev/train_gpt2.cpp cpu_adam.o $(HEADERS)
+test_zenflow: dev/test/test_zenflow.cpp dev/test/test_common.h train_gpt2.cpp cpu_adam.o $(HEADERS)
 	$(CXX) $(CXXFLAGS) $< cpu_adam.o -o $@ $(LDLIBS)
 
 # the GPU backend's copy/wait protocol, on the CPU: a stand-in device whose copies land as
 # late or as early as CUDA allows (dev/cuda/zenflow_async.cpp)
-zenflow_async: dev/cuda/zenflow_async.cpp dev/test/test_common.h dev/train_gpt2.cpp cpu_adam.o $(HEADERS)
+zenflow_async: dev/cuda/zenflow_async.cpp dev/test/test_common.h train_gpt2.cpp cpu_adam.o $(HEADERS)
 	$(CXX) $(CXXFLAGS) $< cpu_adam.o -o $@ $(LDLIBS)
 
 # the CPU trainer for two other x86-64 levels: v2 (SSE, 4 floats a vector) and v3 (AVX2, 8);
@@ -71,7 +72,7 @@ zenflow_async: dev/cuda/zenflow_async.cpp dev/test/test_common.h dev/train_gpt2.
 ifeq ($(shell uname -m),x86_64)
 ARCH_BINS = build/arch/train_gpt2cpu_x86-64-v2 build/arch/train_gpt2cpu_x86-64-v3
 endif
-build/arch/train_gpt2cpu_%: dev/train_gpt2.cpp cpu_adam.cpp cpu_adam.h $(HEADERS)
+build/arch/train_gpt2cpu_%: train_gpt2.cpp cpu_adam.cpp cpu_adam.h $(HEADERS)
 	@mkdir -p build/arch
 	$(CXX) -O3 -march=$* $(filter-out -O3 -march=native,$(CXXFLAGS)) $< cpu_adam.cpp -o $@ $(LDLIBS)
 
@@ -92,11 +93,11 @@ TSAN_FLAGS = -std=c++17 -O1 -g -ffp-contract=off -fsanitize=thread -Wall -Wno-un
 test_cpu_adam_tsan: dev/test/test_cpu_adam.cpp cpu_adam.cpp cpu_adam.h
 	$(CXX) $(TSAN_FLAGS) $< cpu_adam.cpp -o $@ $(LDLIBS)
 
-test_zenflow_tsan: dev/test/test_zenflow.cpp dev/test/test_common.h dev/train_gpt2.cpp cpu_adam.cpp $(HEADERS)
+test_zenflow_tsan: dev/test/test_zenflow.cpp dev/test/test_common.h train_gpt2.cpp cpu_adam.cpp $(HEADERS)
 	$(CXX) $(TSAN_FLAGS) $< cpu_adam.cpp -o $@ $(LDLIBS)
 
 # the whole CPU trainer: its end (drain, trace close, free) next to the CPU threads
-train_gpt2cpu_tsan: dev/train_gpt2.cpp cpu_adam.cpp $(HEADERS)
+train_gpt2cpu_tsan: train_gpt2.cpp cpu_adam.cpp $(HEADERS)
 	$(CXX) $(TSAN_FLAGS) $< cpu_adam.cpp -o $@ $(LDLIBS)
 
 train_gpt2cu: train_gpt2.cu cpu_adam.o $(HEADERS) zenflow.cuh $(wildcard llmc/*.cuh)
@@ -114,7 +115,7 @@ cuda_dev:
 # with the emulator's cuda_runtime.h and cublasLt.h first on the include path. Needs neither
 # nvcc nor a GPU. The _asan build adds AddressSanitizer (out-of-bounds device accesses).
 EMU_SRC = train_gpt2.cu test_gpt2.cu zenflow.cuh $(wildcard llmc/*.cuh) $(wildcard dev/cuda/*.cu) $(wildcard dev/cuda/*.h) \
-          dev/train_gpt2.cpp $(HEADERS) dev/test/test_common.h
+          train_gpt2.cpp $(HEADERS) dev/test/test_common.h
 # dev/cuda's validations too (ZF_SKIP_BENCHMARKS=1 in make test: emulated timings mean nothing)
 EMU_DEV_CUDA = $(patsubst dev/cuda/%.cu,build/emu/dev_cuda/%,$(wildcard dev/cuda/*.cu))
 EMU_DEPS = build/emu/src/.stamp $(HEADERS) dev/test/test_common.h dev/cuda/emu/cuda_runtime.h dev/cuda/emu/cublasLt.h
@@ -146,11 +147,11 @@ build/emu/%_tsan: $(EMU_DEPS) cpu_adam.cpp
 # the tests and the bad-input checks with them)
 ASAN_FLAGS = -std=c++17 -O1 -g -fopenmp -ffp-contract=off -fsanitize=address,undefined \
              -fno-sanitize-recover=undefined -fno-omit-frame-pointer -Wall -Wno-unused-function
-%_asan: dev/test/%.cpp dev/test/test_common.h dev/train_gpt2.cpp cpu_adam.cpp $(HEADERS)
+%_asan: dev/test/%.cpp dev/test/test_common.h train_gpt2.cpp cpu_adam.cpp $(HEADERS)
 	$(CXX) $(ASAN_FLAGS) $< cpu_adam.cpp -o $@ $(LDLIBS)
-test_gpt2cpu_asan: dev/test/test_gpt2.cpp dev/test/test_common.h dev/train_gpt2.cpp cpu_adam.cpp $(HEADERS)
+test_gpt2cpu_asan: dev/test/test_gpt2.cpp dev/test/test_common.h train_gpt2.cpp cpu_adam.cpp $(HEADERS)
 	$(CXX) $(ASAN_FLAGS) $< cpu_adam.cpp -o $@ $(LDLIBS)
-train_gpt2cpu_asan: dev/train_gpt2.cpp cpu_adam.cpp $(HEADERS)
+train_gpt2cpu_asan: train_gpt2.cpp cpu_adam.cpp $(HEADERS)
 	$(CXX) $(ASAN_FLAGS) $< cpu_adam.cpp -o $@ $(LDLIBS)
 
 # libFuzzer targets for the file readers (clang), run for a bounded time by `make fuzz`
@@ -158,7 +159,7 @@ CLANGXX ?= clang++
 FUZZ_FLAGS = -std=c++17 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
              -ffp-contract=off -Wno-unknown-pragmas
 FUZZ_BINS = $(addprefix build/fuzz/fuzz_,model shard tokenizer checkpoint)
-build/fuzz/fuzz_%: dev/fuzz/fuzz_%.cpp dev/fuzz/fuzz_common.h $(HEADERS) dev/train_gpt2.cpp cpu_adam.cpp
+build/fuzz/fuzz_%: dev/fuzz/fuzz_%.cpp dev/fuzz/fuzz_common.h $(HEADERS) train_gpt2.cpp cpu_adam.cpp
 	@mkdir -p build/fuzz
 	$(CLANGXX) $(FUZZ_FLAGS) $< cpu_adam.cpp -o $@ -lpthread -lm
 FUZZ_SECONDS ?= 15
@@ -168,7 +169,10 @@ fuzz: train_gpt2cpu $(FUZZ_BINS)
 deps:
 	@bash scripts/install_deps.sh
 
-data: deps
+deps_run:
+	@bash scripts/install_deps.sh run
+
+data: deps_run
 	$(PYTHON) scripts/prepare_tinyshakespeare.py
 
 # PyTorch reference outputs for the tests; regenerated when the scripts change
@@ -193,7 +197,9 @@ $(REF_DIR)/.stamp: dev/test/make_refs.sh scripts/gpt2_reference.py scripts/zenfl
 test: deps all $(TSAN_BINS) $(ASAN_BINS) $(FUZZ_BINS) $(EMU_BINS) $(ARCH_BINS) refs
 	@bash dev/test/run_tests.sh
 
-run: deps data all
+# only the trainer it runs: the CUDA one where a GPU answers (and nvcc exists), else the CPU one
+RUN_BIN := $(if $(and $(NVCC_FOUND),$(shell nvidia-smi -L 2>/dev/null)),train_gpt2cu,train_gpt2cpu)
+run: deps_run data $(RUN_BIN)
 	@bash scripts/run.sh $(ARGS)
 
 # the GPU benchmark of the three modes (scripts/bench_zenflow.sh; needs a GPU)

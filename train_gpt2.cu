@@ -1,7 +1,7 @@
 /*
 GPT-2 training on one GPU in fp32: the analogue of llm.c's train_gpt2_fp32.cu.
 
-It computes the same model as the CPU reference trainer (dev/train_gpt2.cpp), takes the same
+It computes the same model as the CPU reference trainer (train_gpt2.cpp), takes the same
 flags and prints the same step lines, so the two can be compared line by line. The kernels
 are in llmc/cuda_kernels.cuh (each tested and timed on its own in dev/cuda/); this file holds
 the model, the passes, the optimizer step and main. Parameters, gradients and activations
@@ -550,8 +550,8 @@ static float* params_on_host(GPT2* model, float** buffer) {
 int main(int argc, char* argv[]) {
     setvbuf(stdout, NULL, _IOLBF, 0);  // one line at a time, also into a log file or a pipe
     TrainArgs args;
-    train_args_parse(&args, argc, argv);
-    train_args_refuse(args.scores_path != NULL, "-zd", "the CPU trainer has it");
+    train_args_parse(&args, argc, argv, ZF_USAGE);
+    train_args_refuse(train_args_zflag(&args, 'd') != NULL, "-zd", "the CPU trainer has it");
     const char *train_pattern = args.train_pattern, *val_pattern = args.val_pattern;
     const char *model_spec = args.model_spec, *tokenizer_path = args.tokenizer_path;
     const char* output_dir = args.output_dir;
@@ -561,9 +561,9 @@ int main(int argc, char* argv[]) {
     const int use_tf32 = args.use_tf32;
     const float lr = args.lr, weight_decay = args.weight_decay;
     const long seed = args.seed;
-    ZfConfig zcfg = args.zcfg;
-    const char* selection_log = args.selection_log;
-    const char* metrics_path = args.metrics_path;
+    ZfConfig zcfg = zf_parse_flags(args.zflags, "dm");  // -zd, -zm: the trainers' own
+    const char* selection_log = zcfg.selection_log;
+    const char* metrics_path = train_args_zflag(&args, 'm');
     int start_step = args.resume ? newest_checkpoint(output_dir) : -1;
     char resume_model[4096];
     if (start_step >= 0) {  // the model comes from the checkpoint, not from -e
@@ -599,7 +599,6 @@ int main(int argc, char* argv[]) {
     ZfCudaDevice device;
     zf_cuda_init(&zf, &device, model.params_memory, model.grads_memory, cfg, zcfg);
     zcfg = zf.cfg;  // as the mode sets it
-    zf.pipeline = args.pipeline;  // gpt2_forward / gpt2_backward call the per-layer hooks
     model.zf = &zf;
     if (selection_log != NULL) { zf.selection_log = fopenCheck(selection_log, "w"); }
     char interval[32];
@@ -634,7 +633,7 @@ int main(int argc, char* argv[]) {
     }
 
     ZfAdamHyper hyper = {lr, 0.9f, 0.95f, 1e-8f, weight_decay};
-    uint64_t rng = (uint64_t)seed;  // the sampler's state, as in llm.c (dev/train_gpt2.cpp says why)
+    uint64_t rng = (uint64_t)seed;  // the sampler's state, as in llm.c (train_gpt2.cpp says why)
     float* host_params = NULL;  // for checkpoints
     const OptimizerState zf_state = {&zf, zf_save_state, zf_load_state};  // llmc/checkpoint.h
     if (start_step >= 0) {

@@ -4,7 +4,7 @@ ZenFlow's orchestration: docs/zenflow_spec.md section 4, written once for both t
 zf_step is the spec's step, in the spec's order, with the section numbers in comments. What
 a device does (score columns, run AdamW on the GPU-owned elements, move columns between the
 sides) is a primitive of a backend (ZfBackend): the CUDA trainer's is zenflow.cuh, the CPU
-reference trainer's is in dev/train_gpt2.cpp. The CPU's AdamW is cpu_adam.cpp, run in the
+reference trainer's is in train_gpt2.cpp. The CPU's AdamW is cpu_adam.cpp, run in the
 background by two worker threads, the updater and the accumulator.
 
 Who owns what (spec 3), for one matrix W (OC rows, IC columns):
@@ -62,10 +62,12 @@ typedef struct {
     int overlap;              // 1: the CPU's window update runs in the background
     int accumulate;           // ZF_ACCUMULATE_CPU or ZF_ACCUMULATE_GPU
     int max_update_interval;  // U_max: with auto U, the longest window (spec 6)
+    int pipeline;             // 1: transfers layer by layer (spec 7); the trainer calls the layer hooks
+    const char* selection_log;  // if set: every selection's columns and scores go to this file
 } ZfConfig;
 
 // the defaults of spec sections 2 and 6; S = 100 (docs/zenflow_spec.md, section 10)
-static const ZfConfig ZF_DEFAULTS = {ZF_MODE_ZENFLOW, 0.1, 4, 100, 0, 1, ZF_ACCUMULATE_CPU, 16};
+static const ZfConfig ZF_DEFAULTS = {ZF_MODE_ZENFLOW, 0.1, 4, 100, 0, 1, ZF_ACCUMULATE_CPU, 16, 1, NULL};
 
 // The three modes are settings of one design (spec 2): adamw = k 1 (the CPU owns nothing),
 // offload = k 0, U 1, no overlap (the CPU owns every matrix element). With k 0 or 1 a
@@ -314,6 +316,7 @@ static inline void zf_init(ZenFlow* zf, ZfConfig cfg, const GPT2Config* model, Z
     memset(zf, 0, sizeof(*zf));
     zf->cfg = cfg = zf_effective_config(cfg);
     zf->backend = backend;
+    zf->pipeline = cfg.pipeline;
     zf->pending_ticket = -1;
     zf->last_select_step = -1;
     zf->stage = -1;
@@ -1298,6 +1301,76 @@ static inline void zf_log_selection(ZenFlow* zf, int t, int index, const ZfMatri
     fprintf(f, "\nscores %d %d :", t, index);
     for (int j = 0; j < mat->cols; j++) { fprintf(f, " %.9g", scores[j]); }
     fprintf(f, "\n");
+}
+
+// ----------------------------------------------------------------------------
+// the command line: llmc/args.h keeps the -z<letter> flags as text, ZenFlow reads them here
+
+#define ZF_USAGE \
+    "ZenFlow (docs/zenflow_spec.md):\n" \
+    "  -zo <string> optimizer mode: adamw | offload | zenflow (default zenflow)\n" \
+    "  -zk <float>  topk ratio k: fraction of each matrix's columns on the GPU (default 0.1)\n" \
+    "  -zu <int>    update interval U: steps per CPU window, or auto (spec 6; default 4)\n" \
+    "  -zx <int>    with -zu auto: the longest window U_max (default 16)\n" \
+    "  -zs <int>    select interval S: steps between reselections, 0 = once (default 100)\n" \
+    "  -zw <int>    warm-up steps W of synchronous offload (default 0)\n" \
+    "  -zv <0|1>    overlap the CPU update with training (default 1)\n" \
+    "  -za <string> where the window's gradient sum accumulates: cpu (the paper: every step's\n" \
+    "               CPU-owned gradients go to the host) | gpu (in the gradient buffer; one copy\n" \
+    "               per window) (default cpu)\n" \
+    "  -zp <0|1>    move the transfers layer by layer, overlapping the backward / forward pass\n" \
+    "               (same numbers either way; default 1)\n" \
+    "  -zl <string> write every selection (columns and scores) to this file\n" \
+    "  -zd <string> write every step's column scores to this file (CPU trainer; the locality study)\n" \
+    "  -zm <string> write per-step measurements as CSV to this file (CUDA trainer)\n" \
+    "Step line: loss of the batch before the update; cpu = the last window update's CPU time and\n" \
+    "moved = columns that changed owner at the last selection, each shown when it changes;\n" \
+    "(CUDA) stall = ms the GPU waited for a copy or the CPU side, pcie = MB moved both ways.\n"
+
+// The ZenFlow config of the -z<letter> flags (z[letter - 'a'], NULL: not given). The letters
+// in `trainer_letters` are the trainer's own (it reads them itself); any other is an error.
+static inline ZfConfig zf_parse_flags(const char* const z[26], const char* trainer_letters) {
+    ZfConfig c = ZF_DEFAULTS;
+    for (int i = 0; i < 26; i++) {
+        const char letter = (char)('a' + i);
+        const char* val = z[i];
+        char flag[4] = {'-', 'z', letter, 0};
+        if (val == NULL || strchr(trainer_letters, letter) != NULL) { continue; }
+        switch (letter) {
+            case 'o':
+                if (strcmp(val, "adamw") == 0) { c.mode = ZF_MODE_ADAMW; }
+                else if (strcmp(val, "offload") == 0) { c.mode = ZF_MODE_OFFLOAD; }
+                else if (strcmp(val, "zenflow") == 0) { c.mode = ZF_MODE_ZENFLOW; }
+                else { fatal("flag -zo: '%s' is not a mode (adamw, offload or zenflow)", val); }
+                break;
+            case 'k': c.topk = parse_double(flag, val, 0.0, 1.0); break;
+            case 'u':  // a number of steps, or auto (spec 6)
+                if (strcmp(val, "auto") == 0) {
+                    c.update_interval = ZF_AUTO;
+                } else if (val[0] < '0' || val[0] > '9') {
+                    fatal("flag -zu: '%s' is neither a number of steps nor auto", val);
+                } else {
+                    c.update_interval = (int)parse_int(flag, val, 1, 1 << 20);
+                }
+                break;
+            case 'x': c.max_update_interval = (int)parse_int(flag, val, 1, 1 << 20); break;
+            case 's': c.select_interval = (int)parse_int(flag, val, 0, 1 << 30); break;
+            case 'w': c.warmup = (int)parse_int(flag, val, 0, 1 << 30); break;
+            case 'v': c.overlap = (int)parse_int(flag, val, 0, 1); break;
+            case 'a':
+                if (strcmp(val, "cpu") == 0) { c.accumulate = ZF_ACCUMULATE_CPU; }
+                else if (strcmp(val, "gpu") == 0) { c.accumulate = ZF_ACCUMULATE_GPU; }
+                else { fatal("flag -za: '%s' is not where to accumulate (cpu or gpu)", val); }
+                break;
+            case 'p': c.pipeline = (int)parse_int(flag, val, 0, 1); break;
+            case 'l': c.selection_log = val; break;
+            default: fatal("unknown flag %s (hint: -h lists the flags)", flag);
+        }
+    }
+    if (z['x' - 'a'] != NULL && c.update_interval != ZF_AUTO) {
+        fatal("flag -zx: the longest window is a setting of -zu auto (hint: add -zu auto, or drop -zx)");
+    }
+    return c;
 }
 
 // "4", or "auto (at most 16)": U for the trainers' [optimizer] line

@@ -1,13 +1,13 @@
 /*
-The command line both trainers share: llm.c's flags (-i -j -e -o -b -t -x ...), ZenFlow's
--z<letter> flags and the timeline's -t<letter> flags. One parser, so the CPU and CUDA
-trainers can never drift apart; a flag that only one trainer implements is parsed here and
-refused by the other with one clear line (train_args_refuse).
+The command line both trainers share: llm.c's flags (-i -j -e -o -b -t -x ...) and the
+timeline's -t<letter> flags. One parser, so the CPU and CUDA trainers can never drift apart;
+a flag that only one trainer implements is parsed here and refused by the other with one
+clear line (train_args_refuse). The -z<letter> flags belong to the optimizer: they are kept
+here as text, by letter, and the optimizer parses them (zenflow.h, zf_parse_flags).
 */
 #ifndef LLMC_ARGS_H
 #define LLMC_ARGS_H
 
-#include "../zenflow.h"
 #include "utils.h"
 
 typedef struct {
@@ -24,17 +24,14 @@ typedef struct {
     int checkpoint_every, resume;        // -n -y
     long seed;                   // -r
     int use_tf32;                // -f (CUDA trainer)
-    ZfConfig zcfg;               // -zo -zk -zu -zs -zw -zv -za
-    int pipeline;                // -zp: transfers layer by layer (zenflow.h, spec 7)
-    const char* selection_log;   // -zl
-    const char* scores_path;     // -zd (CPU trainer)
-    const char* metrics_path;    // -zm (CUDA trainer)
+    const char* zflags[26];      // -z<letter> <value>, by letter (NULL: not given)
     const char* trace_path;      // -tr
     int trace_first, trace_steps;  // -tf -tn
 } TrainArgs;
 
-static inline void train_args_usage(const char* program) {
-    fprintf(stderr,
+// the usage, then the optimizer's own flags (more_usage), on stdout
+static inline void train_args_usage(const char* program, const char* more_usage) {
+    printf(
             "Usage:   %s [options]\n"
             "Options:\n"
             "  -i <string> train data pattern (default data/tinyshakespeare/tiny_shakespeare_train.bin)\n"
@@ -56,35 +53,18 @@ static inline void train_args_usage(const char* program) {
             "  -y <0|1>    resume from the newest checkpoint in -o (default 0)\n"
             "  -r <int>    random seed for init and sampling, >= 1 (default 1337, llm.c's sampler seed)\n"
             "  -f <0|1>    TF32 tensor cores for the matmuls (CUDA trainer; default 1; the CPU trainer ignores it)\n"
-            "ZenFlow (docs/zenflow_spec.md):\n"
-            "  -zo <string> optimizer mode: adamw | offload | zenflow (default zenflow)\n"
-            "  -zk <float>  topk ratio k: fraction of each matrix's columns on the GPU (default 0.1)\n"
-            "  -zu <int>    update interval U: steps per CPU window, or auto (spec 6; default 4)\n"
-            "  -zx <int>    with -zu auto: the longest window U_max (default 16)\n"
-            "  -zs <int>    select interval S: steps between reselections, 0 = once (default 100)\n"
-            "  -zw <int>    warm-up steps W of synchronous offload (default 0)\n"
-            "  -zv <0|1>    overlap the CPU update with training (default 1)\n"
-            "  -za <string> where the window's gradient sum accumulates: cpu (the paper: every step's\n"
-            "               CPU-owned gradients go to the host) | gpu (in the gradient buffer; one copy\n"
-            "               per window) (default cpu)\n"
-            "  -zp <0|1>    move the transfers layer by layer, overlapping the backward / forward pass\n"
-            "               (same numbers either way; default 1)\n"
-            "  -zl <string> write every selection (columns and scores) to this file\n"
-            "  -zd <string> write every step's column scores to this file (CPU trainer; the locality study)\n"
-            "  -zm <string> write per-step measurements as CSV to this file (CUDA trainer)\n"
             "Timeline (a Chrome trace-event file for Perfetto / chrome://tracing):\n"
             "  -tr <string> trace file (default none)\n"
             "  -tf <int>    first step to trace, 1-based (default 1)\n"
             "  -tn <int>    number of steps to trace (default 8)\n"
-            "  -h          this message\n"
-            "Step line: loss of the batch before the update; cpu = the last window update's CPU time;\n"
-            "moved = columns that changed owner at the last selection; (CUDA) stall = ms the GPU\n"
-            "waited for a copy or the CPU side, pcie = MB moved both ways.\n",
+            "  -h          this message\n",
             program);
+    printf("%s", more_usage);
 }
 
-// parses argv into *a; prints the usage and exits 0 for -h, fails with one line otherwise
-static inline void train_args_parse(TrainArgs* a, int argc, char* argv[]) {
+// parses argv into *a; prints the usage (with more_usage) and exits 0 for -h, fails with one
+// line otherwise
+static inline void train_args_parse(TrainArgs* a, int argc, char* argv[], const char* more_usage) {
     memset(a, 0, sizeof(*a));
     a->train_pattern = "data/tinyshakespeare/tiny_shakespeare_train.bin";
     a->val_pattern = "data/tinyshakespeare/tiny_shakespeare_val.bin";
@@ -95,13 +75,11 @@ static inline void train_args_parse(TrainArgs* a, int argc, char* argv[]) {
     a->val_every = 20, a->val_batches = 20, a->sample_every = 20, a->gen_tokens = 64;
     a->seed = 1337;
     a->use_tf32 = 1;
-    a->zcfg = ZF_DEFAULTS;
-    a->pipeline = 1;
     a->trace_first = 1, a->trace_steps = 8;
     for (int i = 1; i < argc; i += 2) {
         const char* flag = argv[i];
         if (strcmp(flag, "-h") == 0) {
-            train_args_usage(argv[0]);
+            train_args_usage(argv[0], more_usage);
             exit(0);
         }
         size_t len = strlen(flag);
@@ -110,7 +88,6 @@ static inline void train_args_parse(TrainArgs* a, int argc, char* argv[]) {
         }
         if (i + 1 >= argc) { fatal("flag %s needs a value", flag); }
         const char* val = argv[i + 1];
-        ZfConfig* z = &a->zcfg;
         if (len == 3 && flag[1] == 't') {  // the timeline trace, -t<letter>
             switch (flag[2]) {
                 case 'r': a->trace_path = val; break;
@@ -120,39 +97,9 @@ static inline void train_args_parse(TrainArgs* a, int argc, char* argv[]) {
             }
             continue;
         }
-        if (len == 3) {  // ZenFlow's flags, -z<letter>
-            switch (flag[2]) {
-                case 'o':
-                    if (strcmp(val, "adamw") == 0) { z->mode = ZF_MODE_ADAMW; }
-                    else if (strcmp(val, "offload") == 0) { z->mode = ZF_MODE_OFFLOAD; }
-                    else if (strcmp(val, "zenflow") == 0) { z->mode = ZF_MODE_ZENFLOW; }
-                    else { fatal("flag -zo: '%s' is not a mode (adamw, offload or zenflow)", val); }
-                    break;
-                case 'k': z->topk = parse_double(flag, val, 0.0, 1.0); break;
-                case 'u':  // a number of steps, or auto (spec 6)
-                    if (strcmp(val, "auto") == 0) {
-                        z->update_interval = ZF_AUTO;
-                    } else if (val[0] < '0' || val[0] > '9') {
-                        fatal("flag -zu: '%s' is neither a number of steps nor auto", val);
-                    } else {
-                        z->update_interval = (int)parse_int(flag, val, 1, 1 << 20);
-                    }
-                    break;
-                case 'x': z->max_update_interval = (int)parse_int(flag, val, 1, 1 << 20); break;
-                case 's': z->select_interval = (int)parse_int(flag, val, 0, 1 << 30); break;
-                case 'w': z->warmup = (int)parse_int(flag, val, 0, 1 << 30); break;
-                case 'v': z->overlap = (int)parse_int(flag, val, 0, 1); break;
-                case 'a':
-                    if (strcmp(val, "cpu") == 0) { z->accumulate = ZF_ACCUMULATE_CPU; }
-                    else if (strcmp(val, "gpu") == 0) { z->accumulate = ZF_ACCUMULATE_GPU; }
-                    else { fatal("flag -za: '%s' is not where to accumulate (cpu or gpu)", val); }
-                    break;
-                case 'p': a->pipeline = (int)parse_int(flag, val, 0, 1); break;
-                case 'l': a->selection_log = val; break;
-                case 'd': a->scores_path = val; break;
-                case 'm': a->metrics_path = val; break;
-                default: fatal("unknown flag %s (hint: -h lists the flags)", flag);
-            }
+        if (len == 3) {  // the optimizer's flags, -z<letter>: kept as text
+            if (flag[2] < 'a' || flag[2] > 'z') { fatal("unknown flag %s (hint: -h lists the flags)", flag); }
+            a->zflags[flag[2] - 'a'] = val;
             continue;
         }
         switch (flag[1]) {
@@ -187,6 +134,9 @@ static inline void train_args_parse(TrainArgs* a, int argc, char* argv[]) {
         fatal("flags -b, -t: B*T=%lld is too large", (long long)a->B * a->T);
     }
 }
+
+// the value of -z<letter>, or NULL
+static inline const char* train_args_zflag(const TrainArgs* a, char letter) { return a->zflags[letter - 'a']; }
 
 // a flag this trainer parses but does not implement: one line, naming the one that does
 static inline void train_args_refuse(int given, const char* flag, const char* hint) {

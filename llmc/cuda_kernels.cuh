@@ -1,7 +1,7 @@
 /*
 The CUDA kernels of the GPT-2 trainer, shared by train_gpt2.cu, test_gpt2.cu and dev/cuda/.
 
-Every kernel computes the same math as the CPU reference (dev/train_gpt2.cpp), operation
+Every kernel computes the same math as the CPU reference (train_gpt2.cpp), operation
 for operation where it can: the same expressions in the same order, so that the only
 differences to the CPU are the order of long sums (warp/block reductions, cuBLAS) and the
 last ulp of expf/logf/tanhf. Build with `-fmad=false` and without --use_fast_math:

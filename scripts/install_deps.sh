@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
-# Installs what the project's Python scripts need, from Debian's packages only:
-# python3-torch (the PyTorch reference), python3-numpy, python3-regex (GPT-2's tokenizer
-# pattern), python3-matplotlib (the plots). They install for /usr/bin/python3, which is
-# the interpreter the Makefile uses.
+# Installs what the project's Python scripts need, from Debian's packages only, for
+# /usr/bin/python3 (the interpreter the Makefile uses):
+#   bash scripts/install_deps.sh run   what `make run` needs: python3-numpy and python3-regex
+#                                      (data preparation: GPT-2's tokenizer pattern)
+#   bash scripts/install_deps.sh       everything (`make test`): also python3-torch (the
+#                                      PyTorch references) and python3-matplotlib (the plots)
 # Does nothing when everything is there; needs root (or sudo) only when it must install.
 set -euo pipefail
 PYTHON=${PYTHON:-/usr/bin/python3}
+wanted="numpy:python3-numpy regex:python3-regex"
+[ "${1:-all}" = run ] || wanted="$wanted torch:python3-torch matplotlib:python3-matplotlib"
 missing=()
-for pair in torch:python3-torch numpy:python3-numpy regex:python3-regex matplotlib:python3-matplotlib; do
+for pair in $wanted; do
     module=${pair%%:*}
     package=${pair#*:}
     if ! "$PYTHON" -c "import $module" >/dev/null 2>&1; then missing+=("$package"); fi
@@ -26,6 +30,7 @@ fi
 export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
-for pair in torch numpy regex matplotlib; do
+for pair in $wanted; do
+    pair=${pair%%:*}
     "$PYTHON" -c "import $pair" || { echo "error: $pair still not importable by $PYTHON after installing" >&2; exit 1; }
 done

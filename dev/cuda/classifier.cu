@@ -5,7 +5,7 @@ columns 0). One block of 1024 threads per row; max and sum in one online pass (e
 a running max and sum, rescaled when its max grows), then one block reduction of the pairs.
 
 CPU reference: softmax_crossentropy_forward + softmax_crossentropy_backward of
-dev/train_gpt2.cpp. The CPU sums the V exponentials serially, the GPU per thread (with the
+train_gpt2.cpp. The CPU sums the V exponentials serially, the GPU per thread (with the
 rescalings) and then in a tree, which differ by ~sqrt(V) ulps (~1e-5 relative for
 V = 50257), hence tolerances of 1e-5. V = 3 leaves most threads without an element.
 

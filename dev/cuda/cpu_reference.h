@@ -1,6 +1,6 @@
 /*
 The CPU references of the kernels: the CPU trainer's own layer functions, included from
-dev/train_gpt2.cpp as llm.c's test_gpt2.c includes its trainer, so that each kernel is
+train_gpt2.cpp as llm.c's test_gpt2.c includes its trainer, so that each kernel is
 checked against the code the CPU trainer runs, not a copy of it. They are renamed *_cpu
 here: the kernels' launchers (llmc/cuda_kernels.cuh) take the same names, some with the
 same parameters. Include it before common.h; link cpu_adam.cpp (dev/cuda/Makefile).
@@ -21,7 +21,7 @@ same parameters. Include it before common.h; link cpu_adam.cpp (dev/cuda/Makefil
 #define softmax_crossentropy_backward softmax_crossentropy_backward_cpu
 
 #define TESTING
-#include "../train_gpt2.cpp"
+#include "../../train_gpt2.cpp"
 
 #undef encoder_forward
 #undef encoder_backward

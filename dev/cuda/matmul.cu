@@ -21,7 +21,7 @@ the epilogue cannot take, work.
 #include "common.h"
 
 // ----------------------------------------------------------------------------
-// CPU reference (the math of dev/train_gpt2.cpp, written plainly, accumulated in double)
+// CPU reference (the math of train_gpt2.cpp, written plainly, accumulated in double)
 
 static void matmul_forward_cpu(float* out, const float* inp, const float* weight, const float* bias, int BT, int C,
                                int OC) {

@@ -7,7 +7,7 @@ returns; zenflow.h must call host_wait on a host buffer before the CPU reads wha
 brings (grads_to_host) or writes what a copy takes away (params_prefetch, params_from_host).
 If it forgot one, a GPU run would depend on timing, and a test on a GPU might not notice.
 So this program runs the CPU trainer with a backend, LazyDevice, that wraps the CPU trainer's
-own backend (dev/train_gpt2.cpp) and makes every copy happen at an extreme moment:
+own backend (train_gpt2.cpp) and makes every copy happen at an extreme moment:
   late:  a copy to the host lands only at host_wait (until then the buffer holds NaN); a copy
          to the device reads the host buffer as late as it may (at the apply, or when
          host_wait is called on it), and counts as still reading it until host_wait: the
@@ -32,7 +32,7 @@ early differ, and differ from the plain CPU backend. Checks:
   ./build/cuda/zenflow_async dev/test/ref/zf_a [more zf case dirs]   (make -C dev/cuda builds it)
 */
 #define TESTING
-#include "../train_gpt2.cpp"
+#include "../../train_gpt2.cpp"
 
 #include <atomic>
 #include <chrono>

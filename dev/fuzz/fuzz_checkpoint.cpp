@@ -1,8 +1,8 @@
-// libFuzzer target: the training-state reader of a checkpoint (dev/train_gpt2.cpp,
+// libFuzzer target: the training-state reader of a checkpoint (train_gpt2.cpp,
 // read_checkpoint_state -> zenflow.h zf_load_state), for a fixed tiny model in zenflow mode.
 // The seed corpus holds a real state file of that model (dev/fuzz/make_seeds.py).
 #define TESTING
-#include "../train_gpt2.cpp"
+#include "../../train_gpt2.cpp"
 #include "fuzz_common.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

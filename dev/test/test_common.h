@@ -14,7 +14,7 @@ dev/cuda/zenflow_async.cpp (CPU trainer) and test_gpt2.cu (CUDA trainer).
     the NEAR-TIE detection), check_zf_against_reference (a whole ZenFlow run);
   - bitwise_equal / same_run / report_same: the exact (bitwise) invariants.
 
-Plain C++17, host code only. Include it AFTER the trainer (dev/train_gpt2.cpp or
+Plain C++17, host code only. Include it AFTER the trainer (train_gpt2.cpp or
 train_gpt2.cu): it uses the trainer's GPT2, gpt2_build, gpt2_forward, fopenCheck and fatal,
 the data loader, and ZenFlow's ZfConfig and zf_step.
 */

@@ -28,7 +28,7 @@ missed term) shows up as 1e-3 or more.
 Any failure makes the exit code 1.
 */
 #define TESTING
-#include "../train_gpt2.cpp"
+#include "../../train_gpt2.cpp"
 
 #include "test_common.h"
 

@@ -209,8 +209,10 @@ def check_trainer(trainer, d, c, seed, i):
     base = [trainer, "-e", f"{d}/model.bin", "-i", f"{d}/train.bin", "-j", f"{d}/train.bin",
             "-b", str(c["B"]), "-t", str(c["T"]), "-x", str(steps), "-l", repr(c["lr"]),
             "-c", repr(c["wd"]), "-f", "0", "-m", "2", "-g", "4", "-zo", mode, "-zk", repr(c["k"]),
-            "-zu", "auto" if c["U"] == 0 else str(c["U"]), "-zx", str(c["U_max"]), "-zs", str(c["S"]),
+            "-zu", "auto" if c["U"] == 0 else str(c["U"]), "-zs", str(c["S"]),
             "-zw", str(c["W"]), "-zv", str(c["overlap"]), "-za", extra["-za"], "-zp", extra["-zp"]]
+    if c["U"] == 0:  # -zx is a setting of -zu auto only
+        base += ["-zx", str(c["U_max"])]
     threads = rng.choice(["1", "3"])
     flags = " ".join(f"{k} {v}" for k, v in extra.items())
     A, B, C = (os.path.join(d, f"trainer_{x}") for x in "ABC")

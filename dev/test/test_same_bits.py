@@ -4,7 +4,7 @@ The CPU trainer must train to the same bits on every x86-64 machine: the same so
 for 4-float vectors (x86-64-v2, SSE), 8 (x86-64-v3, AVX2) and whatever this machine has
 (-march=native: 16 with AVX-512) must log the same losses and write byte-identical models.
 What could break it is a sum whose order the compiler picks by the vector width (an
-`omp simd reduction`); dev/train_gpt2.cpp's dot_fixed gives every long sum its own order.
+`omp simd reduction`); train_gpt2.cpp's dot_fixed gives every long sum its own order.
 
     /usr/bin/python3 dev/test/test_same_bits.py <case dir> <native trainer> <other trainer>...
 

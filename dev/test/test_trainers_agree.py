@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """
-The two trainers must tell the same story: train_gpt2cpu (dev/train_gpt2.cpp) and the CUDA
+The two trainers must tell the same story: train_gpt2cpu (train_gpt2.cpp) and the CUDA
 trainer train_gpt2cu, run with the same flags on the same case, log the same losses, step
 by step and in every mode. (Each trainer's numbers are checked against PyTorch by its own
 test; this checks the parts those tests do not run: the main loop, the data loader, the

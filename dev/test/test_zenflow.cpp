@@ -28,7 +28,7 @@ zeroes the gradients, and the passes call the per-layer hooks (-zp 1, transfers 
      into the updater thread (ZF_WORKER_DELAY_US), and with whole transfers (-zp 0).
 */
 #define TESTING
-#include "../train_gpt2.cpp"
+#include "../../train_gpt2.cpp"
 
 #include <string>
 

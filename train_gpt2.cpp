@@ -21,14 +21,14 @@ orchestration (zenflow.h), whose device side this file provides (the CPU backend
 #include <string.h>
 #include <sys/stat.h>
 
-#include "../cpu_adam.h"
-#include "../zenflow.h"
-#include "../llmc/args.h"
-#include "../llmc/checkpoint.h"
-#include "../llmc/dataloader.h"
-#include "../llmc/gpt2_file.h"
-#include "../llmc/tokenizer.h"
-#include "../llmc/utils.h"
+#include "cpu_adam.h"
+#include "zenflow.h"
+#include "llmc/args.h"
+#include "llmc/checkpoint.h"
+#include "llmc/dataloader.h"
+#include "llmc/gpt2_file.h"
+#include "llmc/tokenizer.h"
+#include "llmc/utils.h"
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -1070,8 +1070,8 @@ void gpt2_sample(GPT2* model, const Tokenizer* tok, int eot, int steps, uint64_t
 int main(int argc, char* argv[]) {
     setvbuf(stdout, NULL, _IOLBF, 0);  // one line at a time, also into a log file or a pipe
     TrainArgs args;
-    train_args_parse(&args, argc, argv);
-    train_args_refuse(args.metrics_path != NULL, "-zm", "the CUDA trainer has it; -tr traces");
+    train_args_parse(&args, argc, argv, ZF_USAGE);
+    train_args_refuse(train_args_zflag(&args, 'm') != NULL, "-zm", "the CUDA trainer has it; -tr traces");
     const char *train_pattern = args.train_pattern, *val_pattern = args.val_pattern;
     const char *model_spec = args.model_spec, *tokenizer_path = args.tokenizer_path;
     const char* output_dir = args.output_dir;
@@ -1080,7 +1080,7 @@ int main(int argc, char* argv[]) {
     const int gen_tokens = args.gen_tokens, checkpoint_every = args.checkpoint_every;
     const float lr = args.lr, weight_decay = args.weight_decay;
     const long seed = args.seed;
-    ZfConfig zcfg = args.zcfg;
+    ZfConfig zcfg = zf_parse_flags(args.zflags, "dm");  // -zd, -zm: the trainers' own
     int start_step = args.resume ? newest_checkpoint(output_dir) : -1;
     char resume_model[4096];
     if (start_step >= 0) {  // the model comes from the checkpoint, not from -e
@@ -1125,9 +1125,8 @@ int main(int argc, char* argv[]) {
         logfile = fopenCheck(path, start_step >= 0 ? "a" : "w");
     }
 
-    zf.pipeline = args.pipeline;  // the passes below call the per-layer hooks
     model.zf = &zf;
-    if (args.selection_log != NULL) { zf.selection_log = fopenCheck(args.selection_log, "w"); }
+    if (zcfg.selection_log != NULL) { zf.selection_log = fopenCheck(zcfg.selection_log, "w"); }
     char interval[32];
     zf_describe_interval(&zcfg, interval, sizeof(interval));
     printf("[optimizer] %s: topk %g, update interval %s, select interval %d, warm-up %d, overlap "
@@ -1142,7 +1141,7 @@ int main(int argc, char* argv[]) {
     if (args.trace_path != NULL) {
         trace_open(args.trace_path, args.trace_first, args.trace_first + args.trace_steps - 1);
     }
-    FILE* scores_file = args.scores_path != NULL ? scores_open(args.scores_path, &zf) : NULL;
+    FILE* scores_file = train_args_zflag(&args, 'd') != NULL ? scores_open(train_args_zflag(&args, 'd'), &zf) : NULL;
     // the sampler's xorshift state is the seed itself, as in llm.c (whose trainers start it at
     // 1337): samples of a model draw the same coins here and there (dev/test/test_llmc_cpu.py)
     uint64_t rng = (uint64_t)seed;
