@@ -14,6 +14,8 @@
 //    write the same cache line (when the arrays are 64-byte aligned).
 #include "cpu_adam.h"
 
+#include "llmc/adamw.h"
+
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
@@ -34,47 +36,12 @@
 // ---------------------------------------------------------------------------------------
 // AdamW
 
-// Per-call constants of spec 3.1, all fp32.
-typedef struct {
-    float b1, b2, omb1, omb2, bc1, bc2, eps, lr, wd;
-} ZfAdamConsts;
-
-static ZfAdamConsts zf_adam_consts(ZfAdamHyper h, int s) {
-    ZfAdamConsts c;
-    c.b1 = h.beta1;
-    c.b2 = h.beta2;
-    c.omb1 = 1.0f - h.beta1;  // fp32 subtraction, as the spec says
-    c.omb2 = 1.0f - h.beta2;
-    // bias corrections in double, then one rounding to fp32
-    c.bc1 = (float)(1.0 - pow((double)h.beta1, (double)s));
-    c.bc2 = (float)(1.0 - pow((double)h.beta2, (double)s));
-    c.eps = h.eps;
-    c.lr = h.lr;
-    c.wd = h.weight_decay;
-    return c;
-}
-
-// One element, written exactly as spec 3.1. The scalar tail and non-AVX builds use this.
-static inline void zf_adam_one(float* p, float* m, float* v, float g, size_t i,
-                               const ZfAdamConsts* c) {
-    float mi = c->b1 * m[i] + c->omb1 * g;
-    float vi = c->b2 * v[i] + (c->omb2 * g) * g;
-    float mhat = mi / c->bc1;
-    float vhat = vi / c->bc2;
-    float pi = p[i];
-    // wd*p is computed even when wd == 0: skipping it could flip the sign of a zero update
-    // and so differ from the reference in the last bit (-0 vs +0).
-    p[i] = pi - c->lr * (mhat / (sqrtf(vhat) + c->eps) + c->wd * pi);
-    m[i] = mi;
-    v[i] = vi;
-}
-
 #ifdef __AVX__
 typedef struct {
     __m256 b1, b2, omb1, omb2, bc1, bc2, eps, lr, wd;
 } ZfAdamVec;
 
-// zf_adam_one on 8 lanes: the same operations in the same order, on registers.
+// llmc/adamw.h's adamw_one on 8 lanes: the same operations in the same order, on registers.
 static inline void zf_adam8(const ZfAdamVec* c, __m256 g, __m256* p, __m256* m, __m256* v) {
     __m256 mi = _mm256_add_ps(_mm256_mul_ps(c->b1, *m), _mm256_mul_ps(c->omb1, g));
     __m256 vi = _mm256_add_ps(_mm256_mul_ps(c->b2, *v), _mm256_mul_ps(_mm256_mul_ps(c->omb2, g), g));
@@ -96,7 +63,7 @@ static inline __m256 zf_load_grad8(const float* g, const float* acc, __m256 coun
 // Elements [lo, hi) of one AdamW step. If acc != NULL the gradient is acc[i] / count
 // (the window mean), else g[i].
 static void zf_adam_range(float* p, float* m, float* v, const float* g, const float* acc,
-                          float count, size_t lo, size_t hi, const ZfAdamConsts* c) {
+                          float count, size_t lo, size_t hi, const AdamWConsts* c) {
     size_t i = lo;
 #ifdef __AVX__
     const ZfAdamVec cv = {_mm256_set1_ps(c->b1), _mm256_set1_ps(c->b2), _mm256_set1_ps(c->omb1),
@@ -125,34 +92,34 @@ static void zf_adam_range(float* p, float* m, float* v, const float* g, const fl
 #endif
     for (; i < hi; i++) {
         float gi = acc ? acc[i] / count : g[i];
-        zf_adam_one(p, m, v, gi, i, c);
+        adamw_one(p + i, m + i, v + i, gi, *c);
     }
 }
 
 // Threads split the array into chunks of whole blocks; below this size one thread does it
 // all, because starting a team costs more than the work. Neither choice changes results.
-#define ZF_BLOCK 16
+#define ZF_LINE_FLOATS 16  // one 64-byte cache line
 #define ZF_MIN_PARALLEL (1 << 16)
 
 #ifdef _OPENMP
-// Thread `t` of `nt` gets elements [*lo, *hi): a contiguous run of whole blocks.
-static void zf_chunk(size_t n, int t, int nt, size_t* lo, size_t* hi) {
-    size_t nblocks = (n + ZF_BLOCK - 1) / ZF_BLOCK;
-    size_t b0 = nblocks * (size_t)t / (size_t)nt;
-    size_t b1 = nblocks * (size_t)(t + 1) / (size_t)nt;
-    *lo = b0 * ZF_BLOCK < n ? b0 * ZF_BLOCK : n;
-    *hi = b1 * ZF_BLOCK < n ? b1 * ZF_BLOCK : n;
+// Thread `t` of `nt` gets elements [*lo, *hi): a contiguous run of whole cache lines.
+static void zf_thread_range(size_t n, int t, int nt, size_t* lo, size_t* hi) {
+    size_t lines = (n + ZF_LINE_FLOATS - 1) / ZF_LINE_FLOATS;
+    size_t b0 = lines * (size_t)t / (size_t)nt;
+    size_t b1 = lines * (size_t)(t + 1) / (size_t)nt;
+    *lo = b0 * ZF_LINE_FLOATS < n ? b0 * ZF_LINE_FLOATS : n;
+    *hi = b1 * ZF_LINE_FLOATS < n ? b1 * ZF_LINE_FLOATS : n;
 }
 #endif
 
 static void zf_adam_all(float* p, float* m, float* v, const float* g, const float* acc,
                         float count, size_t n, ZfAdamHyper h, int s) {
-    ZfAdamConsts c = zf_adam_consts(h, s);
+    AdamWConsts c = adamw_consts(h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, s);
 #ifdef _OPENMP
 #pragma omp parallel if (n >= ZF_MIN_PARALLEL)
     {
         size_t lo, hi;
-        zf_chunk(n, omp_get_thread_num(), omp_get_num_threads(), &lo, &hi);
+        zf_thread_range(n, omp_get_thread_num(), omp_get_num_threads(), &lo, &hi);
         zf_adam_range(p, m, v, g, acc, count, lo, hi, &c);
     }
 #else
@@ -170,18 +137,24 @@ void zf_cpu_adam_step_mean(float* p, float* m, float* v, const float* acc, int c
     zf_adam_all(p, m, v, NULL, acc, (float)count, n, h, s);
 }
 
-void zf_cpu_accumulate(float* acc, const float* g, size_t n) {
-    // One addition per element; the compiler vectorises this plain loop by itself.
+void zf_cpu_accumulate(float* acc, const float* g, size_t n, int first) {
+    // One addition per element; the compiler vectorises these plain loops by itself. The
+    // first step of a window is A = 0 + g: bitwise "A = 0, then A += g" (0 + -0 is +0, which
+    // a copy would not give), in one pass instead of two.
 #ifdef _OPENMP
 #pragma omp parallel if (n >= ZF_MIN_PARALLEL)
-    {
-        size_t lo, hi;
-        zf_chunk(n, omp_get_thread_num(), omp_get_num_threads(), &lo, &hi);
-        for (size_t i = lo; i < hi; i++) acc[i] += g[i];
-    }
-#else
-    for (size_t i = 0; i < n; i++) acc[i] += g[i];
 #endif
+    {
+        size_t lo = 0, hi = n;
+#ifdef _OPENMP
+        zf_thread_range(n, omp_get_thread_num(), omp_get_num_threads(), &lo, &hi);
+#endif
+        if (first) {
+            for (size_t i = lo; i < hi; i++) acc[i] = 0.0f + g[i];
+        } else {
+            for (size_t i = lo; i < hi; i++) acc[i] += g[i];
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------------------

@@ -42,9 +42,10 @@ void zf_cpu_adam_step(float* p, float* m, float* v, const float* g, size_t n,
 void zf_cpu_adam_step_mean(float* p, float* m, float* v, const float* acc, int count,
                            size_t n, ZfAdamHyper h, int s);
 
-// acc[i] += g[i] (spec 4.4). One fp32 addition per element, so the sum over a window is
-// the same sequence of roundings on every side.
-void zf_cpu_accumulate(float* acc, const float* g, size_t n);
+// acc[i] += g[i] (spec 4.4), or with `first` (a window's first step) acc[i] = 0 + g[i]. One
+// fp32 addition per element, so the sum over a window is the same sequence of roundings on
+// every side.
+void zf_cpu_accumulate(float* acc, const float* g, size_t n, int first);
 
 // ---------------------------------------------------------------------------------------
 // The worker (ZfWorker): one background thread that runs submitted jobs one at a time, in

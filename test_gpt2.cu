@@ -179,9 +179,9 @@ static ZfRun zf_run(const char* dir, const ZfCase* c, ZfConfig z, int steps, con
     case_open(dir, &c->s, &model, &loader);
     ZenFlow zf;
     ZfCudaDevice dev;
+    z.pipeline = pipeline;  // as the trainer: the passes call the per-layer hooks
+    z.selection_log = sel_path;
     zf_cuda_init(&zf, &dev, model.params_memory, model.grads_memory, &model.config, z);
-    if (sel_path != NULL) { zf.selection_log = fopenCheck(sel_path, "w"); }
-    zf.pipeline = pipeline;  // as the trainer: the passes call the per-layer hooks
     model.zf = &zf;
     ZfRun out{};
     for (int t = 0; t < steps; t++) {
@@ -191,14 +191,13 @@ static ZfRun zf_run(const char* dir, const ZfCase* c, ZfConfig z, int steps, con
             zf_save_state(&zf, fp, "checkpoint test");
             std::vector<float> params(model.num_parameters);
             gpt2_copy_params_to_host(&model, params.data());
-            if (zf.selection_log != NULL) { fclose(zf.selection_log); }
-            zf_cuda_free(&zf, &dev);
+            zf_cuda_free(&zf, &dev);  // (and closes the selection log: the resumed run logs none)
             gpt2_free(&model);
             case_model(dir, &model);
             cudaCheck(cudaMemcpy(model.params_memory, params.data(), params.size() * sizeof(float),
                                  cudaMemcpyHostToDevice));
+            z.selection_log = NULL;
             zf_cuda_init(&zf, &dev, model.params_memory, model.grads_memory, &model.config, z);
-            zf.pipeline = pipeline;
             model.zf = &zf;
             rewind(fp);
             zf_load_state(&zf, fp, "checkpoint test");
@@ -207,12 +206,11 @@ static ZfRun zf_run(const char* dir, const ZfCase* c, ZfConfig z, int steps, con
         out.losses.push_back(zf_train_step(&model, &loader, &zf, t, case_hyper(&c->s), backward));
     }
     zf_drain(&zf);
-    out.groups_out = zf.groups_out;
-    out.groups_in = zf.groups_in;
+    out.groups_out = zf.pipe.groups_out;
+    out.groups_in = zf.pipe.groups_in;
     out.num_layers = model.config.num_layers;
     out.params.resize(model.num_parameters);
     gpt2_copy_params_to_host(&model, out.params.data());
-    if (zf.selection_log != NULL) { fclose(zf.selection_log); }
     zf_cuda_free(&zf, &dev);
     dataloader_free(&loader);
     gpt2_free(&model);

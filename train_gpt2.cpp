@@ -783,12 +783,17 @@ static void scatter_columns(float* full, const ZfMatrix* mat, const int* order, 
     }
 }
 
-static void cpu_column_scores(void* ctx, const ZfMatrix* mat, float* scores) {
-    const float* g = ((CpuDevice*)ctx)->model->grads_memory + mat->offset;
-    for (int j = 0; j < mat->cols; j++) { scores[j] = 0.0f; }
-    for (int o = 0; o < mat->rows; o++) {  // rows in order: each column sums o = 0, 1, ...
-        const float* row = g + (size_t)o * mat->cols;
-        for (int j = 0; j < mat->cols; j++) { scores[j] += row[j] * row[j]; }
+// 4.2.2 every matrix's column scores into scores[first_col ..]
+static void cpu_column_scores(void* ctx, const ZenFlow* zf, float* scores) {
+    for (int i = 0; i < zf->own.num_matrices; i++) {
+        const ZfMatrix* mat = &zf->own.matrices[i];
+        const float* g = ((CpuDevice*)ctx)->model->grads_memory + mat->offset;
+        float* score = scores + mat->first_col;
+        for (int j = 0; j < mat->cols; j++) { score[j] = 0.0f; }
+        for (int o = 0; o < mat->rows; o++) {  // rows in order: each column sums o = 0, 1, ...
+            const float* row = g + (size_t)o * mat->cols;
+            for (int j = 0; j < mat->cols; j++) { score[j] += row[j] * row[j]; }
+        }
     }
 }
 
@@ -802,11 +807,11 @@ static void cpu_zero_grads(void* ctx, const ZenFlow* zf, int all) {
         memset(grads, 0, model->num_parameters * sizeof(float));
         return;
     }
-    for (int i = 0; i < zf->num_vectors; i++) {
-        memset(grads + zf->vectors[i].offset, 0, zf->vectors[i].n * sizeof(float));
+    for (int i = 0; i < zf->own.num_vectors; i++) {
+        memset(grads + zf->own.vectors[i].offset, 0, zf->own.vectors[i].n * sizeof(float));
     }
-    for (int i = 0; i < zf->num_matrices; i++) {
-        const ZfMatrix* mat = &zf->matrices[i];
+    for (int i = 0; i < zf->own.num_matrices; i++) {
+        const ZfMatrix* mat = &zf->own.matrices[i];
         float* w = grads + mat->offset;
         for (int o = 0; o < mat->rows; o++) {
             for (int r = 0; r < mat->n_sel; r++) { w[(size_t)o * mat->cols + mat->cols_by_owner[r]] = 0.0f; }
@@ -817,16 +822,17 @@ static void cpu_zero_grads(void* ctx, const ZenFlow* zf, int all) {
 #define ADAM_ROWS 16  // rows per block of the GPU-side AdamW over selected columns
 static void cpu_gpu_adam(void* ctx, const ZenFlow* zf, ZfAdamHyper h, int step) {
     CpuDevice* dev = (CpuDevice*)ctx;
+    double t0 = now_ms();
     float *params = dev->model->params_memory, *grads = dev->model->grads_memory;
     ZfAdamHyper vector_hyper = h;
     vector_hyper.weight_decay = 0.0f;  // spec 1: no decay on vectors
-    for (int i = 0; i < zf->num_vectors; i++) {
-        size_t at = zf->vectors[i].offset;
+    for (int i = 0; i < zf->own.num_vectors; i++) {
+        size_t at = zf->own.vectors[i].offset;
         zf_cpu_adam_step(params + at, dev->gpu_m + at, dev->gpu_v + at, grads + at,
-                         zf->vectors[i].n, vector_hyper, step);
+                         zf->own.vectors[i].n, vector_hyper, step);
     }
-    for (int i = 0; i < zf->num_matrices; i++) {
-        const ZfMatrix* mat = &zf->matrices[i];
+    for (int i = 0; i < zf->own.num_matrices; i++) {
+        const ZfMatrix* mat = &zf->own.matrices[i];
         if (mat->n_sel == mat->cols) {  // the whole matrix (adamw mode): one flat pass
             size_t at = mat->offset;
             zf_cpu_adam_step(params + at, dev->gpu_m + at, dev->gpu_v + at, grads + at,
@@ -870,23 +876,26 @@ static void cpu_gpu_adam(void* ctx, const ZenFlow* zf, ZfAdamHyper h, int step) 
             }
         }
     }
+    trace_event(TRACE_COMPUTE, "GPU-side AdamW", t0, now_ms());  // (the CUDA backend times its own)
 }
 
 static void cpu_grads_to_host(void* ctx, const ZenFlow* zf, float* host, int group) {
     const float* grads = ((CpuDevice*)ctx)->model->grads_memory;
+    double t0 = now_ms();
     int count;
     const int* mats = zf_group(zf, group, &count);
     for (int k = 0; k < count; k++) {
-        const ZfMatrix* mat = &zf->matrices[mats[k]];
+        const ZfMatrix* mat = &zf->own.matrices[mats[k]];
         gather_columns(grads, mat, mat->cols_by_owner + mat->n_sel, mat->cols - mat->n_sel,
                        host + mat->cpu_offset);
     }
+    trace_event(TRACE_D2H, group < 0 ? "gradients" : "gradients (layer)", t0, now_ms());
 }
 
 static void cpu_grads_from_host(void* ctx, const ZenFlow* zf, const float* host) {
     float* grads = ((CpuDevice*)ctx)->model->grads_memory;
-    for (int i = 0; i < zf->num_matrices; i++) {
-        const ZfMatrix* mat = &zf->matrices[i];
+    for (int i = 0; i < zf->own.num_matrices; i++) {
+        const ZfMatrix* mat = &zf->own.matrices[i];
         scatter_columns(grads, mat, mat->cols_by_owner + mat->n_sel, mat->cols - mat->n_sel,
                         host + mat->cpu_offset);
     }
@@ -894,8 +903,8 @@ static void cpu_grads_from_host(void* ctx, const ZenFlow* zf, const float* host)
 
 static void cpu_params_to_host(void* ctx, const ZenFlow* zf, float* host) {
     const float* params = ((CpuDevice*)ctx)->model->params_memory;
-    for (int i = 0; i < zf->num_matrices; i++) {
-        const ZfMatrix* mat = &zf->matrices[i];
+    for (int i = 0; i < zf->own.num_matrices; i++) {
+        const ZfMatrix* mat = &zf->own.matrices[i];
         gather_columns(params, mat, mat->cols_by_owner + mat->n_sel, mat->cols - mat->n_sel,
                        host + mat->cpu_offset);
     }
@@ -903,13 +912,15 @@ static void cpu_params_to_host(void* ctx, const ZenFlow* zf, float* host) {
 
 static void cpu_params_from_host(void* ctx, const ZenFlow* zf, const float* host, int group) {
     float* params = ((CpuDevice*)ctx)->model->params_memory;
+    double t0 = now_ms();
     int count;
     const int* mats = zf_group(zf, group, &count);
     for (int k = 0; k < count; k++) {
-        const ZfMatrix* mat = &zf->matrices[mats[k]];
+        const ZfMatrix* mat = &zf->own.matrices[mats[k]];
         scatter_columns(params, mat, mat->cols_by_owner + mat->n_sel, mat->cols - mat->n_sel,
                         host + mat->cpu_offset);
     }
+    trace_event(TRACE_H2D, group < 0 ? "apply" : "apply (layer)", t0, now_ms());
 }
 
 // auto U (spec 6): per matrix, the sum of |g| over its GPU-owned elements, and over its
@@ -918,8 +929,8 @@ static void cpu_params_from_host(void* ctx, const ZenFlow* zf, const float* host
 static void cpu_abs_sums(void* ctx, const ZenFlow* zf, double* sel, double* cpu) {
     const float* grads = ((CpuDevice*)ctx)->model->grads_memory;
     std::vector<double> row_sel, row_cpu;
-    for (int i = 0; i < zf->num_matrices; i++) {
-        const ZfMatrix* mat = &zf->matrices[i];
+    for (int i = 0; i < zf->own.num_matrices; i++) {
+        const ZfMatrix* mat = &zf->own.matrices[i];
         const int* order = mat->cols_by_owner;
         row_sel.assign(mat->rows, 0.0);
         row_cpu.assign(mat->rows, 0.0);
@@ -943,13 +954,13 @@ static void cpu_abs_sums(void* ctx, const ZenFlow* zf, double* sel, double* cpu)
 static void cpu_moments_to_host(void* ctx, const ZenFlow* zf, float* m, float* v) {
     CpuDevice* dev = (CpuDevice*)ctx;
     size_t at = 0;
-    for (int i = 0; i < zf->num_vectors; i++) {
-        memcpy(m + at, dev->gpu_m + zf->vectors[i].offset, zf->vectors[i].n * sizeof(float));
-        memcpy(v + at, dev->gpu_v + zf->vectors[i].offset, zf->vectors[i].n * sizeof(float));
-        at += zf->vectors[i].n;
+    for (int i = 0; i < zf->own.num_vectors; i++) {
+        memcpy(m + at, dev->gpu_m + zf->own.vectors[i].offset, zf->own.vectors[i].n * sizeof(float));
+        memcpy(v + at, dev->gpu_v + zf->own.vectors[i].offset, zf->own.vectors[i].n * sizeof(float));
+        at += zf->own.vectors[i].n;
     }
-    for (int i = 0; i < zf->num_matrices; i++) {
-        const ZfMatrix* mat = &zf->matrices[i];
+    for (int i = 0; i < zf->own.num_matrices; i++) {
+        const ZfMatrix* mat = &zf->own.matrices[i];
         gather_columns(dev->gpu_m, mat, mat->cols_by_owner, mat->n_sel, m + at + mat->gpu_offset);
         gather_columns(dev->gpu_v, mat, mat->cols_by_owner, mat->n_sel, v + at + mat->gpu_offset);
     }
@@ -958,13 +969,13 @@ static void cpu_moments_to_host(void* ctx, const ZenFlow* zf, float* m, float* v
 static void cpu_moments_from_host(void* ctx, const ZenFlow* zf, const float* m, const float* v) {
     CpuDevice* dev = (CpuDevice*)ctx;
     size_t at = 0;
-    for (int i = 0; i < zf->num_vectors; i++) {
-        memcpy(dev->gpu_m + zf->vectors[i].offset, m + at, zf->vectors[i].n * sizeof(float));
-        memcpy(dev->gpu_v + zf->vectors[i].offset, v + at, zf->vectors[i].n * sizeof(float));
-        at += zf->vectors[i].n;
+    for (int i = 0; i < zf->own.num_vectors; i++) {
+        memcpy(dev->gpu_m + zf->own.vectors[i].offset, m + at, zf->own.vectors[i].n * sizeof(float));
+        memcpy(dev->gpu_v + zf->own.vectors[i].offset, v + at, zf->own.vectors[i].n * sizeof(float));
+        at += zf->own.vectors[i].n;
     }
-    for (int i = 0; i < zf->num_matrices; i++) {
-        const ZfMatrix* mat = &zf->matrices[i];
+    for (int i = 0; i < zf->own.num_matrices; i++) {
+        const ZfMatrix* mat = &zf->own.matrices[i];
         scatter_columns(dev->gpu_m, mat, mat->cols_by_owner, mat->n_sel, m + at + mat->gpu_offset);
         scatter_columns(dev->gpu_v, mat, mat->cols_by_owner, mat->n_sel, v + at + mat->gpu_offset);
     }
@@ -1010,10 +1021,10 @@ void zf_cpu_free(ZenFlow* zf, CpuDevice* dev) {
 
 FILE* scores_open(const char* path, const ZenFlow* zf) {
     FILE* fp = fopenCheck(path, "wb");
-    int header[3] = {20241129, 1, zf->num_matrices};
+    int header[3] = {20241129, 1, zf->own.num_matrices};
     fwriteCheck(header, sizeof(int), 3, fp, path);
-    for (int i = 0; i < zf->num_matrices; i++) {
-        const ZfMatrix* mat = &zf->matrices[i];
+    for (int i = 0; i < zf->own.num_matrices; i++) {
+        const ZfMatrix* mat = &zf->own.matrices[i];
         int shape[2] = {mat->rows, mat->cols};
         fwriteCheck(shape, sizeof(int), 2, fp, path);
         fwriteCheck(mat->name, 1, sizeof(mat->name), fp, path);
@@ -1023,12 +1034,9 @@ FILE* scores_open(const char* path, const ZenFlow* zf) {
 
 void scores_write(FILE* fp, ZenFlow* zf, int step) {
     fwriteCheck(&step, sizeof(int), 1, fp, "scores file");
-    std::vector<float> scores;
-    for (int i = 0; i < zf->num_matrices; i++) {
-        scores.resize(zf->matrices[i].cols);
-        zf->backend.column_scores(zf->backend.ctx, &zf->matrices[i], scores.data());
-        fwriteCheck(scores.data(), sizeof(float), scores.size(), fp, "scores file");
-    }
+    std::vector<float> scores(zf->own.total_cols);  // every matrix's, one after another
+    zf->backend.column_scores(zf->backend.ctx, zf, scores.data());
+    fwriteCheck(scores.data(), sizeof(float), scores.size(), fp, "scores file");
 }
 
 
@@ -1126,17 +1134,11 @@ int main(int argc, char* argv[]) {
     }
 
     model.zf = &zf;
-    if (zcfg.selection_log != NULL) { zf.selection_log = fopenCheck(zcfg.selection_log, "w"); }
-    char interval[32];
-    zf_describe_interval(&zcfg, interval, sizeof(interval));
-    printf("[optimizer] %s: topk %g, update interval %s, select interval %d, warm-up %d, overlap "
-           "%s, accumulation on the %s, transfers %s\n", zf_mode_names[zcfg.mode], zcfg.topk,
-           interval, zcfg.select_interval, zcfg.warmup, zcfg.overlap ? "on" : "off",
-           zf_accumulate_names[zcfg.accumulate], zf.pipeline ? "per layer" : "whole");
-    printf("[memory] CPU side (master, m, v, accumulators, staging, migration) %.1f MiB, "
-           "GPU-side moments %.1f MiB (their share in zenflow.cuh's packed layout)\n",
-           zf_host_bytes(&zf.cfg, zf.cpu_capacity, zf.vector_elems + zf.gpu_capacity) / 1048576.0,
-           2.0 * (zf.vector_elems + zf.gpu_capacity) * 4 / 1048576.0);
+    zf_print_config(&zf);
+    printf("[memory] CPU side (master, m, v, accumulators, landing, migration) %.1f MiB of %.1f MiB "
+           "available (%s); GPU-side moments %.1f MiB (their share in zenflow.cuh's packed layout)\n",
+           zf.stats.host_need_mib, zf.stats.host_available_mib, zf.stats.host_source,
+           2.0 * (zf.own.vector_elems + zf.own.gpu_capacity) * 4 / 1048576.0);
     ZfAdamHyper hyper = {lr, 0.9f, 0.95f, 1e-8f, weight_decay};
     if (args.trace_path != NULL) {
         trace_open(args.trace_path, args.trace_first, args.trace_first + args.trace_steps - 1);
@@ -1205,16 +1207,12 @@ int main(int argc, char* argv[]) {
         double ms = now_ms() - t0;
         printf("step %d/%d | loss %f | %.1f ms | %.0f tok/s", step + 1, steps, model.mean_loss, ms,
                B * T / (ms / 1e3));
-        if (zcfg.mode != ZF_MODE_ADAMW) { printf(" | cpu %.1f ms", zf.cpu_update_ms); }
-        if (zcfg.mode == ZF_MODE_ZENFLOW) { printf(" | moved %d", zf.moved_columns); }
-        if (zf.select_ms > 0.0) { printf(" | select %.1f ms", zf.select_ms); }  // this step selected
-        if (zcfg.update_interval == ZF_AUTO && zf.closed_window > 0) { printf(" | window %d", zf.closed_window); }
+        zf_print_step_stats(&zf);  // | cpu | moved | select | window, where they are new
         printf("\n");
         if (logfile) { fprintf(logfile, "s:%d trl:%f\n", step + 1, model.mean_loss); fflush(logfile); }
     }
 
     if (logfile) { fclose(logfile); }
-    if (zf.selection_log != NULL) { fclose(zf.selection_log); }
     if (scores_file != NULL) { fclose(scores_file); }
     trace_close();
     zf_cpu_free(&zf, &device);

@@ -538,6 +538,25 @@ static void print_memory_table(const GPT2* model, const ZfCudaDevice* dev, const
            (total_bytes - free_bytes) / MiB, free_bytes / MiB, total_bytes / MiB);
 }
 
+// After step s: the step line, main.log's trl: line, and -zm's CSV row
+static void report_step(int s, int steps, float loss, double ms, int tokens, const ZfStepStats* st, ZenFlow* zf,
+                        FILE* logfile, FILE* metrics) {
+    printf("step %d/%d | loss %f | %.1f ms | %.0f tok/s | stall %.1f ms | pcie %.1f MB", s, steps, loss, ms,
+           tokens / (ms / 1e3), st->stall_ms, (st->d2h_bytes + st->h2d_bytes) / 1e6);
+    zf_print_step_stats(zf);  // | cpu | moved | select | window, where they are new
+    printf("\n");
+    if (logfile) {
+        fprintf(logfile, "s:%d trl:%f\n", s, loss);
+        fflush(logfile);
+    }
+    if (metrics) {
+        fprintf(metrics, "%d,%.6f,%.3f,%.3f,%.3f,%.3f,%.3f,%.0f,%.0f,%.3f,%.3f\n", s, loss, ms, st->gpu_ms,
+                st->compute_ms, st->stall_ms, st->cpu_ms, st->d2h_bytes, st->h2d_bytes, zf->stats.cpu_update_ms,
+                zf->stats.select_ms);
+        fflush(metrics);
+    }
+}
+
 // the working copy of the parameters in a host buffer, allocated at the first call (a
 // checkpoint, or the message of a non-finite loss)
 static float* params_on_host(GPT2* model, float** buffer) {
@@ -562,7 +581,6 @@ int main(int argc, char* argv[]) {
     const float lr = args.lr, weight_decay = args.weight_decay;
     const long seed = args.seed;
     ZfConfig zcfg = zf_parse_flags(args.zflags, "dm");  // -zd, -zm: the trainers' own
-    const char* selection_log = zcfg.selection_log;
     const char* metrics_path = train_args_zflag(&args, 'm');
     int start_step = args.resume ? newest_checkpoint(output_dir) : -1;
     char resume_model[4096];
@@ -600,20 +618,9 @@ int main(int argc, char* argv[]) {
     zf_cuda_init(&zf, &device, model.params_memory, model.grads_memory, cfg, zcfg);
     zcfg = zf.cfg;  // as the mode sets it
     model.zf = &zf;
-    if (selection_log != NULL) { zf.selection_log = fopenCheck(selection_log, "w"); }
-    char interval[32];
-    zf_describe_interval(&zcfg, interval, sizeof(interval));
-    printf("[optimizer] %s: topk %g, update interval %s, select interval %d, warm-up %d, overlap %s, "
-           "accumulation on the %s, transfers %s\n", zf_mode_names[zcfg.mode], zcfg.topk, interval,
-           zcfg.select_interval, zcfg.warmup, zcfg.overlap ? "on" : "off", zf_accumulate_names[zcfg.accumulate],
-           zf.pipeline ? "per layer" : "whole");
+    zf_print_config(&zf);
     printf("[optimizer] matrix elements M = %zu: the CPU owns %zu after the first selection, the GPU %zu\n",
-           zf.matrix_elems, zf.cpu_capacity, zf.gpu_capacity);
-    if (zf.updater != NULL) {  // zenflow.h's zf_team_sizes says why
-        int cores = zf_cpu_cores(), spare = zf.updater_threads + zf.accumulator_threads < cores;
-        printf("[optimizer] CPU threads: updater %d, accumulator %d of %d cores%s\n", zf.updater_threads,
-               zf.accumulator_threads, cores, spare ? ", one left free for the thread that launches the GPU's work" : "");
-    }
+           zf.own.matrix_elems, zf.own.cpu_capacity, zf.own.gpu_capacity);
     gpt2_allocate(&model, B, T);
     print_memory_table(&model, &device, &zf);
 
@@ -699,27 +706,12 @@ int main(int argc, char* argv[]) {
         zf_step(&zf, step, hyper);
         ZfStepStats st = zf_cuda_step_end(&device, &zf);  // waits for the default stream
         gpu_trace_step_done();
-        double ms = now_ms() - t0;
-        printf("step %d/%d | loss %f | %.1f ms | %.0f tok/s | stall %.1f ms | pcie %.1f MB", step + 1, steps,
-               model.mean_loss, ms, B * T / (ms / 1e3), st.stall_ms, (st.d2h_bytes + st.h2d_bytes) / 1e6);
-        if (zcfg.mode != ZF_MODE_ADAMW) { printf(" | cpu %.1f ms", zf.cpu_update_ms); }
-        if (zcfg.mode == ZF_MODE_ZENFLOW) { printf(" | moved %d", zf.moved_columns); }
-        if (zf.select_ms > 0.0) { printf(" | select %.1f ms", zf.select_ms); }  // this step selected
-        if (zcfg.update_interval == ZF_AUTO && zf.closed_window > 0) { printf(" | window %d", zf.closed_window); }
-        printf("\n");
-        if (logfile) { fprintf(logfile, "s:%d trl:%f\n", step + 1, model.mean_loss); fflush(logfile); }
-        if (metrics) {
-            fprintf(metrics, "%d,%.6f,%.3f,%.3f,%.3f,%.3f,%.3f,%.0f,%.0f,%.3f,%.3f\n", step + 1, model.mean_loss, ms,
-                    st.gpu_ms, st.compute_ms, st.stall_ms, st.cpu_ms, st.d2h_bytes, st.h2d_bytes,
-                    zf.cpu_update_ms, zf.select_ms);
-            fflush(metrics);
-        }
+        report_step(step + 1, steps, model.mean_loss, now_ms() - t0, B * T, &st, &zf, logfile, metrics);
     }
 
     gpu_trace_close();
     if (logfile) { fclose(logfile); }
     if (metrics) { fclose(metrics); }
-    if (zf.selection_log != NULL) { fclose(zf.selection_log); }
     free(host_params);
     zf_cuda_free(&zf, &device);
     tokenizer_free(&tokenizer);

@@ -1,31 +1,26 @@
 /*
-ZenFlow on the GPU: the CUDA backend (ZfBackend) of zenflow.h's orchestration.
+ZenFlow on the GPU: the CUDA backend (ZfBackend) of zenflow.h.
 
 zenflow.h decides WHAT happens in a step (docs/zenflow_spec.md section 4); this file says how
-a GPU does each part, in the order zf_step calls it: zeroing the gradients before the backward
-(7), the selection's column scores and moments (4.2), AdamW on the GPU-owned columns (4.3),
-the CPU-owned gradient columns to the host (4.4), the CPU's result back into the model (4.6);
-then auto U's sums (6), setup, and the stall measurement (8).
+a GPU does each part, in the order a default step calls it: zeroing the gradients before the
+backward (7), AdamW on the GPU-owned columns (4.3), the CPU-owned gradient columns to the
+host (4.4), the CPU's result back into the model (4.6); then the selection (4.2), the options,
+setup, and the stall measurement (8).
 
 The device sees each matrix's columns as two COLUMN SETS (ZfColumnSet): the GPU's selected
-columns and the CPU's others, their indices in `order` (zenflow.h's cols_by_owner of every
-matrix, back to back). An element is W[o, col_r], col_r the set's r-th column; packed:
+columns and the CPU's others, their indices in `order` (every matrix's cols_by_owner, back to
+back). An element is W[o, col_r], col_r the set's r-th column; packed:
     CPU side, and the device staging buffers:  packed[cpu_offset + r * rows + o]   (by column)
     GPU moments m, v, after all the vectors:   m[vector_elems + gpu_offset + o * n_sel + r]
-By row on the GPU, so that the AdamW kernel walks W's rows in order (with k = 1 every access
-is contiguous); zenflow.h sees those moments only through moments_to_host and _from_host,
-which transpose on the host. The vectors (always GPU-owned) are column sets too, of one
-column each, with their moments first in m and v: one more grid, so that their AdamW and
-their zeroing are one launch each, by the same kernels as the matrices' columns.
+By row on the GPU, so that the AdamW kernel walks W's rows in order. The CPU's sets are kept
+in transfer-group order, like zenflow.h's packed layout, so one layer's columns are one
+gather launch and one copy. The vectors (always GPU-owned) are sets of one column each.
 
 Streams: the default stream runs forward, backward, zeroing, AdamW, gather and scatter; the
-d2h stream copies staging -> host (the gradient columns every step, or A once a window), the
-h2d stream host -> staging (the CPU's result, once a window). A staging buffer remembers, by
-events, the last kernel that used it and its last copy out and in; a host buffer its last copy
-(ZfFence), which host_wait waits for. docs/teaching.md ("Inside the code") draws one window's
-timeline and says why the staging buffers are full size.
-
-Build with -fmad=false (the Makefile does): the AdamW here is bitwise the CPU's.
+d2h stream copies staging -> host, the h2d stream host -> staging. A staging buffer remembers,
+by events, the last kernel that used it and its last copy out and in; a host buffer its last
+copy (ZfFence), which host_wait waits for. docs/teaching.md ("Inside the code") draws one
+window's timeline. Build with -fmad=false (the Makefile does): the AdamW is bitwise the CPU's.
 */
 #ifndef ZENFLOW_CUH
 #define ZENFLOW_CUH
@@ -56,13 +51,12 @@ typedef struct {
     const int* order;         // (every matrix's cols) device
 } ZfGrid;
 
-#define ZF_TILE 32               // gather / scatter move 32 x 32 tiles ...
-#define ZF_TILE_ROWS 8           // ... with blocks of 32 x 8 threads
-#define ZF_BLOCK 256             // threads of the element-wise kernels
-#define ZF_CHUNK (4 * ZF_BLOCK)  // elements per block of the element-wise kernels
+#define ZF_TILE 32                 // gather / scatter move 32 x 32 tiles ...
+#define ZF_TILE_ROWS 8             // ... with blocks of 32 x 8 threads
+#define ZF_THREADS 256             // threads per block of the element-wise kernels
+#define ZF_CHUNK (4 * ZF_THREADS)  // elements per block of the element-wise kernels
 
-// the set of block b: the last s with start[s] <= b (an empty set, start[s] == start[s + 1],
-// is never found)
+// the set of block b: the last s with start[s] <= b (an empty set is never found)
 __device__ inline int zf_find_set(const long long* start, int num_sets, long long b) {
     int lo = 0, hi = num_sets - 1;
     while (lo < hi) {
@@ -102,15 +96,22 @@ __device__ inline int zf_chunk_element(const ZfChunk& c, int j, size_t* at, size
     return 1;
 }
 
+// a host-mirrored table of column sets and the grid over them (selection_changed fills it)
+typedef struct {
+    ZfColumnSet* sets;     // (num_sets) device
+    long long* blocks;     // (num_sets + 1) device: the prefix sums of the sets' blocks
+    ZfColumnSet* h_sets;   // ... and their host mirrors
+    long long* h_blocks;
+} ZfSetTable;
+
 // ----------------------------------------------------------------------------
 // the backend's state
 
 // events only waited for, never timed; a host thread that waits for one sleeps (see
 // cuda_init_device: without cudaEventBlockingSync, cudaEventSynchronize spins)
 #define ZF_WAITED_EVENT (cudaEventDisableTiming | cudaEventBlockingSync)
-#define ZF_MAX_FENCES 8    // host buffers that copies use: master, acc, acc_job, 2 staging
-#define ZF_MAX_STALLS 256  // stall intervals measured per step (more are waited for, not timed);
-                           // per-layer applies wait once per layer
+#define ZF_MAX_FENCES 8    // host buffers that copies use: master, acc, acc_job, 2 landing, moments
+#define ZF_MAX_STALLS 256  // stall intervals measured per step (more are waited for, not timed)
 
 // a device staging buffer of packed CPU-owned columns, and who used it last
 typedef struct {
@@ -128,43 +129,47 @@ typedef struct {
     int pinned;  // 1 if cudaHostRegister worked (else copies are not asynchronous, still correct)
 } ZfFence;
 
+// the stall and step measurement (spec 8; main thread only, the last section of this file)
+typedef struct {
+    cudaEvent_t step_begin, step_end;
+    cudaEvent_t stall_begin[ZF_MAX_STALLS], stall_end[ZF_MAX_STALLS];
+    int num_stalls;
+    int blocking;  // inside host_blocks: stream waits are part of that interval
+    long long d2h_bytes, h2d_bytes;  // this step's PCIe bytes, each way
+    long long uploaded_bytes;  // host-to-device bytes not yet counted in a step's h2d_bytes (the
+                               // updater thread adds too, atomically); the apply counts them
+    double cpu_ms_at_begin;
+} ZfCudaStats;
+
+// auto U (spec 6): per matrix sums of |g|, GPU-owned then CPU-owned; abs_sums' last kernel
+// writes them into mapped host memory (no copy: it would queue behind the gradients leaving)
+typedef struct {
+    double* partial;   // (most chunks either side can have) device
+    double* host;      // (2 num_sets) mapped pinned host memory ...
+    double* mapped;    // ... and the address the kernel writes it at
+    double *sel, *cpu; // where the last abs_sums call wants them (cpu may be NULL)
+    cudaEvent_t done;
+} ZfCudaAutoU;
+
 typedef struct {
     float* params;  // (num_parameters) device: the working copy, file layout
     float* grads;   // (num_parameters) device
     size_t num_parameters;
-    int num_sets;    // = zf->num_matrices
-    int total_cols;  // sum of every matrix's cols (the length of order)
-    int max_cols;
-    // ownership (selection_changed): the column sets on the device, their host mirrors h_*,
-    // and the three grids over them: the GPU's sets by chunks (AdamW, zeroing, auto U), the
-    // CPU's by tiles (gather, scatter) and by chunks (auto U)
-    ZfColumnSet *cpu_sets, *gpu_sets, *h_cpu_sets, *h_gpu_sets;  // (num_sets)
-    long long *gpu_chunks, *cpu_tiles, *cpu_chunks;              // (num_sets + 1)
-    long long *h_gpu_chunks, *h_cpu_tiles, *h_cpu_chunks;
-    int *order, *h_order;  // (total_cols)
-    ZfGrid gpu_grid, cpu_tile_grid, cpu_chunk_grid;
-    // the vectors' grid, built once (they never change owner): vector i is a set of rows = n,
-    // cols = 1, its one column 0 (vector_order = {0}), its moments at m[the earlier vectors' n]
-    ZfColumnSet* vector_sets;   // (num_vectors) device
-    long long* vector_chunks;   // (num_vectors + 1) device
-    int* vector_order;          // (1) device
-    ZfGrid vector_grid;
-    long long vector_blocks;    // chunks of all vectors: the grid's blocks
+    int num_sets;   // = the number of matrices
+    // ownership (selection_changed): the GPU's sets by chunks (AdamW, zeroing, auto U) in
+    // matrix order; the CPU's by tiles (gather, scatter) and by chunks (auto U) in transfer-group
+    // order (set k is matrix group_mats[k]); the vectors', built once (they never change owner)
+    ZfSetTable gpu, cpu_tiles, cpu_chunks, vectors;
+    int *order, *h_order;  // (every matrix's cols)
+    ZfGrid gpu_grid, cpu_tile_grid, cpu_chunk_grid, vector_grid;
+    int* vector_order;     // (1) device: {0}, the one column of a vector's set
     // 4.3: the GPU's optimizer state: every vector, then each matrix's selected columns
     float* m;  // (vector_elems + gpu_capacity) device, row by row per matrix (see the top)
     float* v;
-    float* host_moments;  // (vector_elems + gpu_capacity) host scratch for the layout change
+    float* host_moments;  // (vector_elems + gpu_capacity) pinned host scratch for the layout change
     // 4.2.2 scratch
-    float* scores;         // (max_cols) device
-    float* score_partial;  // (COLSUM_MAX_CHUNKS, max_cols) device
-    // auto U (spec 6): per set sums of |g|, GPU-owned then CPU-owned; abs_sums' last kernel
-    // writes them into mapped host memory (no copy: it would queue behind the gradients
-    // leaving, see mapped_alloc) and zf_cuda_abs_sums_wait hands them to zenflow.h's arrays
-    double* abs_partial;  // (most chunks either side can have) device
-    double* abs_host;     // (2 num_sets) mapped pinned host memory ...
-    double* abs_mapped;   // ... and the address the kernel writes it at
-    double *abs_sel, *abs_cpu;  // where the last abs_sums call wants them (abs_cpu may be NULL)
-    cudaEvent_t abs_done;
+    float* scores;         // (every matrix's cols) device
+    float* score_partial;  // (COLSUM_MAX_CHUNKS, the widest matrix's cols) device
     // transfers (spec 7)
     cudaStream_t d2h, h2d;
     ZfStaging staging[2];
@@ -172,40 +177,37 @@ typedef struct {
     ZfStaging* params_stage;  // the CPU's updated columns on their way in; == grads_stage
                               // unless overlap keeps both busy at once
     int prefetched;           // params_stage holds the master already (params_prefetch)
-    long long uploaded_bytes;  // host-to-device bytes of zf_cuda_upload's copies not yet counted
-                               // in a step's h2d_bytes (the updater thread adds too: atomic)
     ZfFence fences[ZF_MAX_FENCES];
     int num_fences;
     size_t staging_bytes, pinned_bytes;
-    // measurement (main thread only; the last section of this file)
-    cudaEvent_t step_begin, step_end;
-    cudaEvent_t stall_begin[ZF_MAX_STALLS], stall_end[ZF_MAX_STALLS];
-    int num_stalls;
-    int blocking;  // inside host_blocks: stream waits are part of that interval
-    double d2h_bytes, h2d_bytes, cpu_ms_at_begin;
+    ZfCudaAutoU autou;
+    ZfCudaStats stats;
 } ZfCudaDevice;
 
 // the default stream waits for an event, timed as a stall (the last section)
 static void zf_cuda_compute_waits(ZfCudaDevice* dev, cudaEvent_t event);
 
+// ============================================================================
+// The default step
+// ============================================================================
+
 // ----------------------------------------------------------------------------
-// before the backward pass (spec 7): zero the gradients, or with accumulation on the GPU
-// inside a window only the GPU-owned ones (the vectors, then the selected columns: one
-// launch each)
+// before the backward pass (spec 7): zero the gradients, or with -za gpu inside a window
+// only the GPU-owned ones (the vectors, then the selected columns: one launch each)
 
 __global__ void zf_zero_columns_kernel(float* __restrict__ grads,  // (num_parameters)
                                        ZfGrid sets) {
     ZfChunk chunk = zf_chunk_of_block(sets);
-    for (int j = threadIdx.x; j < ZF_CHUNK; j += ZF_BLOCK) {
+    for (int j = threadIdx.x; j < ZF_CHUNK; j += ZF_THREADS) {
         size_t at, k;
         if (zf_chunk_element(chunk, j, &at, &k)) { grads[at] = 0.0f; }
     }
 }
 
-// zero the gradients of a grid's sets; blocks: the grid's chunks
+// zero the gradients of a grid's sets (blocks: the grid's chunks)
 static void zf_cuda_zero_columns(ZfCudaDevice* dev, ZfGrid grid, long long blocks) {
     if (blocks == 0) { return; }
-    zf_zero_columns_kernel<<<(unsigned)blocks, ZF_BLOCK>>>(dev->grads, grid);
+    zf_zero_columns_kernel<<<(unsigned)blocks, ZF_THREADS>>>(dev->grads, grid);
     cudaCheck(cudaGetLastError());
 }
 
@@ -216,132 +218,31 @@ static void zf_cuda_zero_grads(void* ctx, const ZenFlow* zf, int all) {
         cudaCheck(cudaMemsetAsync(dev->grads, 0, dev->num_parameters * sizeof(float), 0));
         return;
     }
-    zf_cuda_zero_columns(dev, dev->vector_grid, dev->vector_blocks);
-    zf_cuda_zero_columns(dev, dev->gpu_grid, dev->h_gpu_chunks[dev->num_sets]);
-}
-
-// ----------------------------------------------------------------------------
-// selection (spec 4.2): the column scores, the new column sets, the moments both ways
-
-// 4.2.2 scores[j] = sum over rows of g[o, j]^2 of one matrix (llmc/cuda_kernels.cuh's column
-// sums: the order depends only on the shape, so the scores are deterministic), to the host
-static void zf_cuda_column_scores(void* ctx, const ZfMatrix* mat, float* scores) {
-    ZfCudaDevice* dev = (ZfCudaDevice*)ctx;
-    int span = gpu_trace_begin(0);
-    cudaCheck(cudaMemsetAsync(dev->scores, 0, mat->cols * sizeof(float), 0));
-    column_sums(dev->scores, dev->score_partial, dev->grads + mat->offset, mat->rows, mat->cols, 1);
-    gpu_trace_end(span, 0, TRACE_COMPUTE, "column scores");
-    cudaCheck(cudaMemcpy(scores, dev->scores, mat->cols * sizeof(float), cudaMemcpyDeviceToHost));
-    dev->d2h_bytes += (double)mat->cols * sizeof(float);
-}
-
-// tiles of a set (32 set columns x 32 rows each), and chunks (ZF_CHUNK elements each)
-static long long zf_num_tiles(const ZfColumnSet& s) {
-    return (long long)((s.count + ZF_TILE - 1) / ZF_TILE) * ((s.rows + ZF_TILE - 1) / ZF_TILE);
-}
-
-static long long zf_num_chunks(const ZfColumnSet& s) {
-    return ((long long)s.count * s.rows + ZF_CHUNK - 1) / ZF_CHUNK;
-}
-
-// 4.2.4 the new ownership as column sets: built on the host, then copied to the device
-static void zf_cuda_selection_changed(void* ctx, const ZenFlow* zf) {
-    ZfCudaDevice* dev = (ZfCudaDevice*)ctx;
-    const int n = dev->num_sets;
-    int at = 0;
-    dev->h_cpu_tiles[0] = dev->h_gpu_chunks[0] = dev->h_cpu_chunks[0] = 0;
-    for (int i = 0; i < n; i++) {
-        const ZfMatrix* mat = &zf->matrices[i];
-        memcpy(dev->h_order + at, mat->cols_by_owner, mat->cols * sizeof(int));
-        ZfColumnSet g = {mat->offset, mat->gpu_offset, mat->rows, mat->cols, mat->n_sel, at};
-        ZfColumnSet c = {mat->offset, mat->cpu_offset, mat->rows, mat->cols, mat->cols - mat->n_sel, at + mat->n_sel};
-        dev->h_gpu_sets[i] = g;
-        dev->h_cpu_sets[i] = c;
-        dev->h_gpu_chunks[i + 1] = dev->h_gpu_chunks[i] + zf_num_chunks(g);
-        dev->h_cpu_tiles[i + 1] = dev->h_cpu_tiles[i] + zf_num_tiles(c);
-        dev->h_cpu_chunks[i + 1] = dev->h_cpu_chunks[i] + zf_num_chunks(c);
-        at += mat->cols;
-    }
-    if (dev->h_cpu_tiles[n] >= (1LL << 31) || dev->h_gpu_chunks[n] >= (1LL << 31) || dev->h_cpu_chunks[n] >= (1LL << 31)) {
-        fatal("zenflow.cuh: the model is too large for one grid of tiles (hint: a smaller model)");
-    }
-    // synchronous copies on the default stream: kernels still reading the old sets finish first
-    cudaCheck(cudaMemcpy(dev->cpu_sets, dev->h_cpu_sets, n * sizeof(ZfColumnSet), cudaMemcpyHostToDevice));
-    cudaCheck(cudaMemcpy(dev->gpu_sets, dev->h_gpu_sets, n * sizeof(ZfColumnSet), cudaMemcpyHostToDevice));
-    cudaCheck(cudaMemcpy(dev->cpu_tiles, dev->h_cpu_tiles, (n + 1) * sizeof(long long), cudaMemcpyHostToDevice));
-    cudaCheck(cudaMemcpy(dev->gpu_chunks, dev->h_gpu_chunks, (n + 1) * sizeof(long long), cudaMemcpyHostToDevice));
-    cudaCheck(cudaMemcpy(dev->cpu_chunks, dev->h_cpu_chunks, (n + 1) * sizeof(long long), cudaMemcpyHostToDevice));
-    cudaCheck(cudaMemcpy(dev->order, dev->h_order, dev->total_cols * sizeof(int), cudaMemcpyHostToDevice));
-}
-
-// The GPU moments' layout (row by row per matrix) to zenflow.h's (column by column), or back
-// (to_rows = 1); the vectors are the same in both. On the host, only at a selection or a
-// checkpoint, on all threads (k of the model's moments: 1.2 GB at GPT-2 1.5B), each thread
-// writing whole columns (or rows) of its own.
-static void zf_moments_transpose(const ZenFlow* zf, const float* src, float* dst, int to_rows) {
-    memcpy(dst, src, zf->vector_elems * sizeof(float));
-    for (int i = 0; i < zf->num_matrices; i++) {
-        const ZfMatrix* mat = &zf->matrices[i];
-        const size_t base = zf->vector_elems + mat->gpu_offset;
-        const int outer = to_rows ? mat->rows : mat->n_sel, inner = to_rows ? mat->n_sel : mat->rows;
-#pragma omp parallel for schedule(static)
-        for (int a = 0; a < outer; a++) {
-            for (int b = 0; b < inner; b++) {
-                const int o = to_rows ? a : b, r = to_rows ? b : a;  // row o of set column r
-                const size_t by_row = base + (size_t)o * mat->n_sel + r, by_col = base + (size_t)r * mat->rows + o;
-                dst[to_rows ? by_row : by_col] = src[to_rows ? by_col : by_row];
-            }
-        }
-    }
-}
-
-static void zf_cuda_moments_to_host(void* ctx, const ZenFlow* zf, float* m, float* v) {
-    ZfCudaDevice* dev = (ZfCudaDevice*)ctx;
-    size_t n = zf->vector_elems + zf->gpu_sel_elems;
-    float* device_bufs[2] = {dev->m, dev->v};
-    float* host_bufs[2] = {m, v};
-    for (int i = 0; i < 2; i++) {
-        cudaCheck(cudaMemcpy(dev->host_moments, device_bufs[i], n * sizeof(float), cudaMemcpyDeviceToHost));
-        zf_moments_transpose(zf, dev->host_moments, host_bufs[i], 0);
-    }
-    dev->d2h_bytes += 2.0 * n * sizeof(float);
-}
-
-static void zf_cuda_moments_from_host(void* ctx, const ZenFlow* zf, const float* m, const float* v) {
-    ZfCudaDevice* dev = (ZfCudaDevice*)ctx;
-    size_t n = zf->vector_elems + zf->gpu_sel_elems;
-    float* device_bufs[2] = {dev->m, dev->v};
-    const float* host_bufs[2] = {m, v};
-    for (int i = 0; i < 2; i++) {
-        zf_moments_transpose(zf, host_bufs[i], dev->host_moments, 1);
-        // pageable source: the call returns once the host buffer may be reused
-        cudaCheck(cudaMemcpy(device_bufs[i], dev->host_moments, n * sizeof(float), cudaMemcpyHostToDevice));
-    }
-    dev->h2d_bytes += 2.0 * n * sizeof(float);
+    zf_cuda_zero_columns(dev, dev->vector_grid, dev->vectors.h_blocks[zf->own.num_vectors]);
+    zf_cuda_zero_columns(dev, dev->gpu_grid, dev->gpu.h_blocks[dev->num_sets]);
 }
 
 // ----------------------------------------------------------------------------
 // 4.3 AdamW on the GPU-owned elements
 
 // one thread per element of a grid's sets: the selected columns (m, v: after the vectors'
-// moments), or the vectors (m, v: their moments, at the start)
+// moments), or the vectors (m, v: their moments, at the start); llmc/adamw.h's formula
 __global__ void zf_adam_columns_kernel(float* __restrict__ params,       // (num_parameters)
                                        const float* __restrict__ grads,  // (num_parameters)
                                        float* __restrict__ m,            // (the grid's elements) row by row
                                        float* __restrict__ v,            // (the grid's elements)
                                        ZfGrid sets, AdamWConsts c) {
     ZfChunk chunk = zf_chunk_of_block(sets);
-    for (int j = threadIdx.x; j < ZF_CHUNK; j += ZF_BLOCK) {
+    for (int j = threadIdx.x; j < ZF_CHUNK; j += ZF_THREADS) {
         size_t at, k;
         if (zf_chunk_element(chunk, j, &at, &k)) { adamw_one(params + at, m + k, v + k, grads[at], c); }
     }
 }
 
-// AdamW on the elements of a grid's sets, their moments m, v; blocks: the grid's chunks
 static void zf_cuda_adam_columns(ZfCudaDevice* dev, ZfGrid grid, long long blocks, float* m, float* v,
                                  AdamWConsts c) {
     if (blocks == 0) { return; }
-    zf_adam_columns_kernel<<<(unsigned)blocks, ZF_BLOCK>>>(dev->params, dev->grads, m, v, grid, c);
+    zf_adam_columns_kernel<<<(unsigned)blocks, ZF_THREADS>>>(dev->params, dev->grads, m, v, grid, c);
     cudaCheck(cudaGetLastError());
 }
 
@@ -349,12 +250,12 @@ static void zf_cuda_adam_columns(ZfCudaDevice* dev, ZfGrid grid, long long block
 // launch, then the selected columns of every matrix in another
 static void zf_cuda_gpu_adam(void* ctx, const ZenFlow* zf, ZfAdamHyper h, int step) {
     ZfCudaDevice* dev = (ZfCudaDevice*)ctx;
+    const size_t V = zf->own.vector_elems;
     int span = gpu_trace_begin(0);
     AdamWConsts vectors = adamw_consts(h.lr, h.beta1, h.beta2, h.eps, 0.0f, step);
-    zf_cuda_adam_columns(dev, dev->vector_grid, dev->vector_blocks, dev->m, dev->v, vectors);
+    zf_cuda_adam_columns(dev, dev->vector_grid, dev->vectors.h_blocks[zf->own.num_vectors], dev->m, dev->v, vectors);
     AdamWConsts matrices = adamw_consts(h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, step);
-    zf_cuda_adam_columns(dev, dev->gpu_grid, dev->h_gpu_chunks[dev->num_sets], dev->m + zf->vector_elems,
-                         dev->v + zf->vector_elems, matrices);
+    zf_cuda_adam_columns(dev, dev->gpu_grid, dev->gpu.h_blocks[dev->num_sets], dev->m + V, dev->v + V, matrices);
     gpu_trace_end(span, 0, TRACE_COMPUTE, "GPU-side AdamW");
 }
 
@@ -384,7 +285,7 @@ __device__ inline ZfTile zf_tile_of_block(ZfGrid g, long long b) {
 // transpose by 32 x 32 tiles through shared memory, so that both the reads of W (by rows)
 // and the writes of the packed buffer (by columns) are 32 consecutive floats per warp where
 // the layouts allow it. Block (32, 8), one tile per block; the grid may cover only some of
-// the sets (per-layer pipelining): block b does tile first_tile + b of the flat numbering.
+// the sets (one transfer group): block b does tile first_tile + b of the flat numbering.
 __global__ void zf_gather_columns_kernel(float* __restrict__ packed,      // (cpu_elems) column by column
                                          const float* __restrict__ full,  // (num_parameters)
                                          ZfGrid cpu, long long first_tile) {
@@ -406,31 +307,25 @@ __global__ void zf_gather_columns_kernel(float* __restrict__ packed,      // (cp
     }
 }
 
-// A transfer moves the CPU-owned columns of some matrices (zenflow.h's transfer group; -1:
-// all) as RUNS of consecutive matrices [i0, i1), each one gather or scatter launch and one
-// copy, since a run's packed columns are one range. Walks the runs of mats[0 .. count):
-// returns 0 when done.
-static int zf_next_run(const int* mats, int count, int* k, int* i0, int* i1) {
-    if (*k >= count) { return 0; }
-    *i0 = mats[(*k)++];
-    *i1 = *i0 + 1;
-    while (*k < count && mats[*k] == *i1) { (*k)++, (*i1)++; }
-    return 1;
+// A transfer group's CPU-side sets (-1: all of them) are one range [*s0, *s1) of the CPU
+// sets, and so one range of tiles and one range of the packed buffers: [*at, *at + *n) floats
+static void zf_group_range(const ZfCudaDevice* dev, const ZenFlow* zf, int group, int* s0, int* s1,
+                           size_t* at, size_t* n) {
+    *s0 = group < 0 ? 0 : zf->own.group_start[group];
+    *s1 = group < 0 ? dev->num_sets : zf->own.group_start[group + 1];
+    size_t end = *s1 < dev->num_sets ? dev->cpu_tiles.h_sets[*s1].packed_offset : zf->own.cpu_elems;
+    *at = dev->cpu_tiles.h_sets[*s0].packed_offset;
+    *n = end - *at;
 }
 
-// where the run's columns are in the packed buffers: [*offset, *offset + *n) floats
-static void zf_run_range(const ZfCudaDevice* dev, const ZenFlow* zf, int i0, int i1, size_t* offset, size_t* n) {
-    size_t end = i1 < dev->num_sets ? dev->h_cpu_sets[i1].packed_offset : zf->cpu_elems;
-    *offset = dev->h_cpu_sets[i0].packed_offset;
-    *n = end - *offset;
-}
-
-// the CPU-owned columns of matrices [i0, i1) of `full` into the packed buffer
-static void zf_cuda_gather(ZfCudaDevice* dev, float* packed, const float* full, int i0, int i1) {
-    long long first = dev->h_cpu_tiles[i0], tiles = dev->h_cpu_tiles[i1] - first;
-    if (tiles == 0) { return; }
-    zf_gather_columns_kernel<<<(unsigned)tiles, dim3(ZF_TILE, ZF_TILE_ROWS)>>>(packed, full, dev->cpu_tile_grid, first);
-    cudaCheck(cudaGetLastError());
+// One asynchronous copy of a transfer between host and device, on the timeline, its bytes
+// added to *bytes (the updater thread uploads too: atomically)
+static void zf_cuda_copy(float* dst, const float* src, size_t n, cudaMemcpyKind kind, cudaStream_t stream,
+                         long long* bytes, const char* what) {
+    int span = gpu_trace_begin(stream);
+    cudaCheck(cudaMemcpyAsync(dst, src, n * sizeof(float), kind, stream));
+    gpu_trace_end(span, stream, kind == cudaMemcpyDeviceToHost ? TRACE_D2H : TRACE_H2D, what);
+    __atomic_add_fetch(bytes, (long long)(n * sizeof(float)), __ATOMIC_RELAXED);
 }
 
 static ZfFence* zf_cuda_fence(ZfCudaDevice* dev, const float* host) {
@@ -441,35 +336,31 @@ static ZfFence* zf_cuda_fence(ZfCudaDevice* dev, const float* host) {
 }
 
 // The CPU-owned columns of transfer group `group` (-1: all) of `full` (params or grads) to
-// `host`: gather into the staging buffer, copy out on the d2h stream. Asynchronous unless
-// `sync`. The events of the staging buffer and of `host` then stand for this copy.
+// `host`: one gather into the staging buffer, one copy out on the d2h stream. Asynchronous
+// unless `sync`. The events of the staging buffer and of `host` then stand for this copy.
 static void zf_cuda_columns_to_host(ZfCudaDevice* dev, const ZenFlow* zf, ZfStaging* st, const float* full,
                                     float* host, int sync, int group) {
-    if (zf->cpu_elems == 0) { return; }
+    int s0, s1;
+    size_t at, n;
+    zf_group_range(dev, zf, group, &s0, &s1, &at, &n);
+    if (n == 0) { return; }
     // the staging buffer is free once its last copy out and its last copy in are done. A
     // transfer in groups waits before its first group only: the later groups write other
     // parts of the buffer, and waiting for this step's own copies would serialize them.
-    if (group < 0 || group == zf->num_groups - 1) {
+    if (group < 0 || group == zf->own.num_groups - 1) {
         zf_cuda_compute_waits(dev, st->d2h_done);
         zf_cuda_compute_waits(dev, st->h2d_done);
     }
     if (st == dev->params_stage) { dev->prefetched = 0; }  // about to overwrite a prefetch
-    int count, k = 0, i0, i1;
-    const int* mats = zf_group(zf, group, &count);
+    long long first = dev->cpu_tiles.h_blocks[s0], tiles = dev->cpu_tiles.h_blocks[s1] - first;
     int span = gpu_trace_begin(0);
-    while (zf_next_run(mats, count, &k, &i0, &i1)) { zf_cuda_gather(dev, st->buf, full, i0, i1); }
+    zf_gather_columns_kernel<<<(unsigned)tiles, dim3(ZF_TILE, ZF_TILE_ROWS)>>>(st->buf, full, dev->cpu_tile_grid, first);
+    cudaCheck(cudaGetLastError());
     gpu_trace_end(span, 0, TRACE_COMPUTE, "gather columns");
     cudaCheck(cudaEventRecord(st->kernel_done, 0));
     cudaCheck(cudaStreamWaitEvent(dev->d2h, st->kernel_done, 0));
-    span = gpu_trace_begin(dev->d2h);
-    for (k = 0; zf_next_run(mats, count, &k, &i0, &i1);) {
-        size_t at, n;
-        zf_run_range(dev, zf, i0, i1, &at, &n);
-        if (n == 0) { continue; }
-        cudaCheck(cudaMemcpyAsync(host + at, st->buf + at, n * sizeof(float), cudaMemcpyDeviceToHost, dev->d2h));
-        dev->d2h_bytes += (double)n * sizeof(float);
-    }
-    gpu_trace_end(span, dev->d2h, TRACE_D2H, full == dev->grads ? "gradient columns" : "parameter columns");
+    zf_cuda_copy(host + at, st->buf + at, n, cudaMemcpyDeviceToHost, dev->d2h, &dev->stats.d2h_bytes,
+                 full == dev->grads ? "gradient columns" : "parameter columns");
     cudaCheck(cudaEventRecord(st->d2h_done, dev->d2h));
     ZfFence* fence = zf_cuda_fence(dev, host);
     if (fence != NULL) { cudaCheck(cudaEventRecord(fence->done, dev->d2h)); }
@@ -481,12 +372,6 @@ static void zf_cuda_columns_to_host(ZfCudaDevice* dev, const ZenFlow* zf, ZfStag
 static void zf_cuda_grads_to_host(void* ctx, const ZenFlow* zf, float* host, int group) {
     ZfCudaDevice* dev = (ZfCudaDevice*)ctx;
     zf_cuda_columns_to_host(dev, zf, dev->grads_stage, dev->grads, host, 0, group);
-}
-
-// selection and warm-up: the CPU-owned parameter columns to the host master (synchronous)
-static void zf_cuda_params_to_host(void* ctx, const ZenFlow* zf, float* host) {
-    ZfCudaDevice* dev = (ZfCudaDevice*)ctx;
-    zf_cuda_columns_to_host(dev, zf, dev->params_stage, dev->params, host, 1, -1);
 }
 
 // zenflow.h's jobs call this before they touch a host buffer a copy may still be using
@@ -526,34 +411,20 @@ __global__ void zf_scatter_columns_kernel(float* __restrict__ full,          // 
     }
 }
 
-static void zf_cuda_scatter(ZfCudaDevice* dev, float* full, const float* packed, int i0, int i1) {
-    long long first = dev->h_cpu_tiles[i0], tiles = dev->h_cpu_tiles[i1] - first;
-    if (tiles == 0) { return; }
-    zf_scatter_columns_kernel<<<(unsigned)tiles, dim3(ZF_TILE, ZF_TILE_ROWS)>>>(full, packed, dev->cpu_tile_grid, first);
-    cudaCheck(cudaGetLastError());
-}
-
 // Packed CPU-owned columns of transfer group `group` (-1: all) from `host` into the staging
 // buffer, on the h2d stream. A new upload (all, or a transfer's first group, 0) goes after
 // whatever used the buffer before. Safe to call from the updater thread (params_prefetch).
 static void zf_cuda_upload(ZfCudaDevice* dev, const ZenFlow* zf, ZfStaging* st, const float* host, int group) {
-    if (zf->cpu_elems == 0) { return; }
+    int s0, s1;
+    size_t at, n;
+    zf_group_range(dev, zf, group, &s0, &s1, &at, &n);
+    if (n == 0) { return; }
     if (group <= 0) {
         cudaCheck(cudaStreamWaitEvent(dev->h2d, st->kernel_done, 0));
         cudaCheck(cudaStreamWaitEvent(dev->h2d, st->d2h_done, 0));
     }
-    int count, k = 0, i0, i1;
-    const int* mats = zf_group(zf, group, &count);
-    int span = gpu_trace_begin(dev->h2d);
-    while (zf_next_run(mats, count, &k, &i0, &i1)) {
-        size_t at, n;
-        zf_run_range(dev, zf, i0, i1, &at, &n);
-        if (n > 0) {
-            cudaCheck(cudaMemcpyAsync(st->buf + at, host + at, n * sizeof(float), cudaMemcpyHostToDevice, dev->h2d));
-            __atomic_add_fetch(&dev->uploaded_bytes, (long long)(n * sizeof(float)), __ATOMIC_RELAXED);
-        }
-    }
-    gpu_trace_end(span, dev->h2d, TRACE_H2D, "packed columns");
+    zf_cuda_copy(st->buf + at, host + at, n, cudaMemcpyHostToDevice, dev->h2d, &dev->stats.uploaded_bytes,
+                 "packed columns");
     cudaCheck(cudaEventRecord(st->h2d_done, dev->h2d));
     ZfFence* fence = zf_cuda_fence(dev, host);
     if (fence != NULL) { cudaCheck(cudaEventRecord(fence->done, dev->h2d)); }
@@ -567,38 +438,172 @@ static void zf_cuda_params_prefetch(void* ctx, const ZenFlow* zf, const float* h
     dev->prefetched = 1;  // read by the main thread only after it has waited for this job
 }
 
-// The CPU's columns into the working copy, before the next forward pass; all, or
-// (pipelining, a synchronous apply) one layer's just before that layer's forward: the
-// default stream waits only for this group's copy, the later ones are still on their way
+// scatter transfer group `group` (-1: all) of the staging buffer into `full`
+static void zf_cuda_scatter(ZfCudaDevice* dev, const ZenFlow* zf, float* full, const ZfStaging* st, int group) {
+    int s0, s1;
+    size_t at, n;
+    zf_group_range(dev, zf, group, &s0, &s1, &at, &n);
+    long long first = dev->cpu_tiles.h_blocks[s0], tiles = dev->cpu_tiles.h_blocks[s1] - first;
+    if (tiles == 0) { return; }
+    zf_scatter_columns_kernel<<<(unsigned)tiles, dim3(ZF_TILE, ZF_TILE_ROWS)>>>(full, st->buf, dev->cpu_tile_grid, first);
+    cudaCheck(cudaGetLastError());
+}
+
+// The CPU's columns into the working copy, before the next forward pass; all, or (a
+// synchronous update, per layer) one layer's just before that layer's forward: the default
+// stream waits only for this group's copy, the later ones are still on their way
 static void zf_cuda_params_from_host(void* ctx, const ZenFlow* zf, const float* host, int group) {
     ZfCudaDevice* dev = (ZfCudaDevice*)ctx;
-    if (zf->cpu_elems == 0) { return; }
+    if (zf->own.cpu_elems == 0) { return; }
     ZfStaging* st = dev->params_stage;
     if (!dev->prefetched) { zf_cuda_upload(dev, zf, st, host, group); }
-    if (group < 0 || group == zf->num_groups - 1) { dev->prefetched = 0; }  // the transfer's last part
+    if (group < 0 || group == zf->own.num_groups - 1) { dev->prefetched = 0; }  // the transfer's last part
     zf_cuda_compute_waits(dev, st->h2d_done);
-    int count, k = 0, i0, i1;
-    const int* mats = zf_group(zf, group, &count);
     int span = gpu_trace_begin(0);
-    while (zf_next_run(mats, count, &k, &i0, &i1)) { zf_cuda_scatter(dev, dev->params, st->buf, i0, i1); }
+    zf_cuda_scatter(dev, zf, dev->params, st, group);
     gpu_trace_end(span, 0, TRACE_COMPUTE, "scatter columns (apply)");
     cudaCheck(cudaEventRecord(st->kernel_done, 0));
     // the step of the apply counts the bytes uploaded for it, a prefetch's included (its job
     // was waited for before this call, and the next prefetch starts only after it)
-    dev->h2d_bytes += (double)__atomic_exchange_n(&dev->uploaded_bytes, 0LL, __ATOMIC_RELAXED);
+    dev->stats.h2d_bytes += __atomic_exchange_n(&dev->stats.uploaded_bytes, 0LL, __ATOMIC_RELAXED);
 }
+
+// ============================================================================
+// The selection (spec 4.2): the column scores, the new column sets, the moments both ways
+// ============================================================================
+
+// 4.2.2 scores[j] = sum over rows of g[o, j]^2, every matrix's into one buffer (llmc's column
+// sums: the order depends only on the shape, so the scores are deterministic), one copy
+static void zf_cuda_column_scores(void* ctx, const ZenFlow* zf, float* scores) {
+    ZfCudaDevice* dev = (ZfCudaDevice*)ctx;
+    const int n = zf->own.total_cols;
+    int span = gpu_trace_begin(0);
+    cudaCheck(cudaMemsetAsync(dev->scores, 0, n * sizeof(float), 0));
+    for (int i = 0; i < zf->own.num_matrices; i++) {
+        const ZfMatrix* mat = &zf->own.matrices[i];
+        column_sums(dev->scores + mat->first_col, dev->score_partial, dev->grads + mat->offset, mat->rows,
+                    mat->cols, 1);
+    }
+    gpu_trace_end(span, 0, TRACE_COMPUTE, "column scores");
+    cudaCheck(cudaMemcpy(scores, dev->scores, n * sizeof(float), cudaMemcpyDeviceToHost));
+    dev->stats.d2h_bytes += (long long)n * sizeof(float);
+}
+
+// tiles of a set (32 set columns x 32 rows each), and chunks (ZF_CHUNK elements each)
+static long long zf_num_tiles(const ZfColumnSet& s) {
+    return (long long)((s.count + ZF_TILE - 1) / ZF_TILE) * ((s.rows + ZF_TILE - 1) / ZF_TILE);
+}
+
+static long long zf_num_chunks(const ZfColumnSet& s) {
+    return ((long long)s.count * s.rows + ZF_CHUNK - 1) / ZF_CHUNK;
+}
+
+// set k of a table and its blocks (the prefix sums are built in order of k)
+static void zf_set_table_put(ZfSetTable* t, int k, ZfColumnSet s, long long blocks) {
+    t->h_sets[k] = s;
+    t->h_blocks[k + 1] = t->h_blocks[k] + blocks;
+}
+
+// copies a table's host mirror to the device (synchronous, on the default stream: kernels
+// still reading the old sets finish first)
+static void zf_set_table_upload(ZfSetTable* t, int n) {
+    if (t->h_blocks[n] >= (1LL << 31)) { fatal("zenflow.cuh: the model is too large for one grid (hint: a smaller model)"); }
+    cudaCheck(cudaMemcpy(t->sets, t->h_sets, n * sizeof(ZfColumnSet), cudaMemcpyHostToDevice));
+    cudaCheck(cudaMemcpy(t->blocks, t->h_blocks, (n + 1) * sizeof(long long), cudaMemcpyHostToDevice));
+}
+
+// 4.2.4 the new ownership as column sets: the GPU's in matrix order, the CPU's in
+// transfer-group order (zenflow.h's packed layout)
+static void zf_cuda_selection_changed(void* ctx, const ZenFlow* zf) {
+    ZfCudaDevice* dev = (ZfCudaDevice*)ctx;
+    const ZfOwnership* own = &zf->own;
+    const int n = dev->num_sets;
+    for (int i = 0; i < n; i++) {
+        const ZfMatrix* mat = &own->matrices[i];
+        memcpy(dev->h_order + mat->first_col, mat->cols_by_owner, mat->cols * sizeof(int));
+        ZfColumnSet g = {mat->offset, mat->gpu_offset, mat->rows, mat->cols, mat->n_sel, mat->first_col};
+        zf_set_table_put(&dev->gpu, i, g, zf_num_chunks(g));
+    }
+    for (int k = 0; k < n; k++) {
+        const ZfMatrix* mat = &own->matrices[own->group_mats[k]];
+        ZfColumnSet c = {mat->offset, mat->cpu_offset, mat->rows, mat->cols, mat->cols - mat->n_sel,
+                         mat->first_col + mat->n_sel};
+        zf_set_table_put(&dev->cpu_tiles, k, c, zf_num_tiles(c));
+        zf_set_table_put(&dev->cpu_chunks, k, c, zf_num_chunks(c));
+    }
+    zf_set_table_upload(&dev->gpu, n);
+    zf_set_table_upload(&dev->cpu_tiles, n);
+    zf_set_table_upload(&dev->cpu_chunks, n);
+    cudaCheck(cudaMemcpy(dev->order, dev->h_order, own->total_cols * sizeof(int), cudaMemcpyHostToDevice));
+}
+
+// The GPU moments' layout (row by row per matrix) to zenflow.h's (column by column), or back
+// (to_rows = 1); the vectors are the same in both. On the host, only at a selection or a
+// checkpoint, on all threads (k of the model's moments: 1.2 GB at GPT-2 1.5B), each thread
+// writing whole columns (or rows) of its own.
+static void zf_moments_transpose(const ZenFlow* zf, const float* src, float* dst, int to_rows) {
+    memcpy(dst, src, zf->own.vector_elems * sizeof(float));
+    for (int i = 0; i < zf->own.num_matrices; i++) {
+        const ZfMatrix* mat = &zf->own.matrices[i];
+        const size_t base = zf->own.vector_elems + mat->gpu_offset;
+        const int outer = to_rows ? mat->rows : mat->n_sel, inner = to_rows ? mat->n_sel : mat->rows;
+#pragma omp parallel for schedule(static)
+        for (int a = 0; a < outer; a++) {
+            for (int b = 0; b < inner; b++) {
+                const int o = to_rows ? a : b, r = to_rows ? b : a;  // row o of set column r
+                const size_t by_row = base + (size_t)o * mat->n_sel + r, by_col = base + (size_t)r * mat->rows + o;
+                dst[to_rows ? by_row : by_col] = src[to_rows ? by_col : by_row];
+            }
+        }
+    }
+}
+
+// both moments, through the pinned host scratch (synchronous copies)
+static void zf_cuda_moments_to_host(void* ctx, const ZenFlow* zf, float* m, float* v) {
+    ZfCudaDevice* dev = (ZfCudaDevice*)ctx;
+    size_t n = zf->own.vector_elems + zf->own.gpu_sel_elems;
+    float* device_bufs[2] = {dev->m, dev->v};
+    float* host_bufs[2] = {m, v};
+    for (int i = 0; i < 2; i++) {
+        cudaCheck(cudaMemcpy(dev->host_moments, device_bufs[i], n * sizeof(float), cudaMemcpyDeviceToHost));
+        zf_moments_transpose(zf, dev->host_moments, host_bufs[i], 0);
+    }
+    dev->stats.d2h_bytes += 2LL * n * sizeof(float);
+}
+
+static void zf_cuda_moments_from_host(void* ctx, const ZenFlow* zf, const float* m, const float* v) {
+    ZfCudaDevice* dev = (ZfCudaDevice*)ctx;
+    size_t n = zf->own.vector_elems + zf->own.gpu_sel_elems;
+    float* device_bufs[2] = {dev->m, dev->v};
+    const float* host_bufs[2] = {m, v};
+    for (int i = 0; i < 2; i++) {
+        zf_moments_transpose(zf, host_bufs[i], dev->host_moments, 1);
+        cudaCheck(cudaMemcpy(device_bufs[i], dev->host_moments, n * sizeof(float), cudaMemcpyHostToDevice));
+    }
+    dev->stats.h2d_bytes += 2LL * n * sizeof(float);
+}
+
+// selection and warm-up: the CPU-owned parameter columns to the host master (synchronous)
+static void zf_cuda_params_to_host(void* ctx, const ZenFlow* zf, float* host) {
+    ZfCudaDevice* dev = (ZfCudaDevice*)ctx;
+    zf_cuda_columns_to_host(dev, zf, dev->params_stage, dev->params, host, 1, -1);
+}
+
+// ============================================================================
+// The options
+// ============================================================================
 
 // ----------------------------------------------------------------------------
 // auto U (spec 6): per matrix the sum of |g| over its GPU-owned elements (and, if cpu is not
-// NULL, its CPU-owned ones: with accumulation on the GPU they hold A), on the default stream
-// after the backward; the sums reach the host asynchronously
+// NULL, its CPU-owned ones: with -za gpu they hold A), on the default stream after the
+// backward; the sums reach the host asynchronously
 
-// the sum of every thread's `mine` over a block of ZF_BLOCK threads, added up in a fixed tree
-// (the same order every run); `shared` holds ZF_BLOCK doubles
+// the sum of every thread's `mine` over a block of ZF_THREADS threads, added up in a fixed
+// tree (the same order every run); `shared` holds ZF_THREADS doubles
 __device__ inline double zf_block_sum(double* shared, double mine) {
     shared[threadIdx.x] = mine;
     __syncthreads();
-    for (int half = ZF_BLOCK / 2; half > 0; half /= 2) {
+    for (int half = ZF_THREADS / 2; half > 0; half /= 2) {
         if ((int)threadIdx.x < half) { shared[threadIdx.x] += shared[threadIdx.x + half]; }
         __syncthreads();
     }
@@ -609,10 +614,10 @@ __device__ inline double zf_block_sum(double* shared, double mine) {
 __global__ void zf_abs_sum_partial_kernel(double* __restrict__ partial,     // (chunks)
                                           const float* __restrict__ grads,  // (num_parameters)
                                           ZfGrid sets) {
-    __shared__ double sum[ZF_BLOCK];
+    __shared__ double sum[ZF_THREADS];
     ZfChunk chunk = zf_chunk_of_block(sets);
     double mine = 0.0;
-    for (int j = threadIdx.x; j < ZF_CHUNK; j += ZF_BLOCK) {
+    for (int j = threadIdx.x; j < ZF_CHUNK; j += ZF_THREADS) {
         size_t at, k;
         if (zf_chunk_element(chunk, j, &at, &k)) { mine += fabs((double)grads[at]); }
     }
@@ -623,9 +628,9 @@ __global__ void zf_abs_sum_partial_kernel(double* __restrict__ partial,     // (
 // pass 2, one block per set: out[s] = the sum of set s's partials (0 for an empty set)
 __global__ void zf_abs_sum_finalize_kernel(double* __restrict__ out, const double* __restrict__ partial,
                                            const long long* __restrict__ chunk_start) {
-    __shared__ double sum[ZF_BLOCK];
+    __shared__ double sum[ZF_THREADS];
     double mine = 0.0;
-    for (long long b = chunk_start[blockIdx.x] + threadIdx.x; b < chunk_start[blockIdx.x + 1]; b += ZF_BLOCK) {
+    for (long long b = chunk_start[blockIdx.x] + threadIdx.x; b < chunk_start[blockIdx.x + 1]; b += ZF_THREADS) {
         mine += partial[b];
     }
     double total = zf_block_sum(sum, mine);
@@ -639,47 +644,51 @@ static void zf_cuda_abs_sums(void* ctx, const ZenFlow* zf, double* sel, double* 
     int span = gpu_trace_begin(0);
     for (int side = 0; side < (cpu != NULL ? 2 : 1); side++) {
         const ZfGrid grid = side == 0 ? dev->gpu_grid : dev->cpu_chunk_grid;
-        long long total = (side == 0 ? dev->h_gpu_chunks : dev->h_cpu_chunks)[n];
+        long long total = (side == 0 ? dev->gpu.h_blocks : dev->cpu_chunks.h_blocks)[n];
         if (total > 0) {
-            zf_abs_sum_partial_kernel<<<(unsigned)total, ZF_BLOCK>>>(dev->abs_partial, dev->grads, grid);
+            zf_abs_sum_partial_kernel<<<(unsigned)total, ZF_THREADS>>>(dev->autou.partial, dev->grads, grid);
             cudaCheck(cudaGetLastError());
         }
-        zf_abs_sum_finalize_kernel<<<n, ZF_BLOCK>>>(dev->abs_mapped + side * n, dev->abs_partial, grid.start);
+        zf_abs_sum_finalize_kernel<<<n, ZF_THREADS>>>(dev->autou.mapped + side * n, dev->autou.partial, grid.start);
         cudaCheck(cudaGetLastError());
     }
     gpu_trace_end(span, 0, TRACE_COMPUTE, "auto U sums");
-    cudaCheck(cudaEventRecord(dev->abs_done, 0));  // the sums are in abs_host
-    dev->abs_sel = sel;
-    dev->abs_cpu = cpu;
+    cudaCheck(cudaEventRecord(dev->autou.done, 0));  // the sums are in autou.host
+    dev->autou.sel = sel;
+    dev->autou.cpu = cpu;
 }
 
-static void zf_cuda_abs_sums_wait(void* ctx) {
+// the sums to zenflow.h's arrays, by matrix (the CPU's sets are in transfer-group order)
+static void zf_cuda_abs_sums_wait(void* ctx, const ZenFlow* zf) {
     ZfCudaDevice* dev = (ZfCudaDevice*)ctx;
-    cudaCheck(cudaEventSynchronize(dev->abs_done));
-    memcpy(dev->abs_sel, dev->abs_host, dev->num_sets * sizeof(double));
-    if (dev->abs_cpu != NULL) { memcpy(dev->abs_cpu, dev->abs_host + dev->num_sets, dev->num_sets * sizeof(double)); }
+    ZfCudaAutoU* a = &dev->autou;
+    cudaCheck(cudaEventSynchronize(a->done));
+    memcpy(a->sel, a->host, dev->num_sets * sizeof(double));
+    if (a->cpu == NULL) { return; }
+    for (int k = 0; k < dev->num_sets; k++) { a->cpu[zf->own.group_mats[k]] = a->host[dev->num_sets + k]; }
 }
 
-// resuming with accumulation on the GPU: the open window's A back into the gradient buffer
+// resuming -za gpu: the open window's A back into the gradient buffer
 static void zf_cuda_grads_from_host(void* ctx, const ZenFlow* zf, const float* host) {
     ZfCudaDevice* dev = (ZfCudaDevice*)ctx;
-    if (zf->cpu_elems == 0) { return; }
+    if (zf->own.cpu_elems == 0) { return; }
     ZfStaging* st = dev->grads_stage;
     if (st == dev->params_stage) { dev->prefetched = 0; }
     zf_cuda_upload(dev, zf, st, host, -1);
     cudaCheck(cudaStreamWaitEvent(0, st->h2d_done, 0));
-    zf_cuda_scatter(dev, dev->grads, st->buf, 0, dev->num_sets);
+    zf_cuda_scatter(dev, zf, dev->grads, st, -1);
     cudaCheck(cudaEventRecord(st->kernel_done, 0));
     cudaCheck(cudaDeviceSynchronize());
-    dev->h2d_bytes += (double)__atomic_exchange_n(&dev->uploaded_bytes, 0LL, __ATOMIC_RELAXED);
+    dev->stats.h2d_bytes += __atomic_exchange_n(&dev->stats.uploaded_bytes, 0LL, __ATOMIC_RELAXED);
 }
 
-// ----------------------------------------------------------------------------
-// setup and teardown
+// ============================================================================
+// Setup and teardown
+// ============================================================================
 
 static void zf_cuda_host_blocks(void* ctx, int begin);
 
-// pins a host buffer of zenflow.h that asynchronous copies use, and gives it a fence
+// pins a host buffer that asynchronous copies use, and gives it a fence
 static void zf_cuda_add_fence(ZfCudaDevice* dev, const float* host, size_t bytes, int pin) {
     if (host == NULL) { return; }
     if (dev->num_fences == ZF_MAX_FENCES) { fatal("zenflow.cuh: too many host buffers (ZF_MAX_FENCES)"); }
@@ -719,31 +728,18 @@ static void zf_cuda_staging_free(ZfStaging* st) {
     cudaCheck(cudaEventDestroy(st->h2d_done));
 }
 
-// the vectors' grid (see the top): vector i is a set of one column, 0, of n rows, its
-// moments after those of vectors 0 .. i-1
-static void zf_cuda_vector_grid(ZfCudaDevice* dev, const ZenFlow* zf) {
-    const int n = zf->num_vectors;
-    ZfColumnSet* sets = (ZfColumnSet*)callocCheck(n, sizeof(ZfColumnSet));
-    long long* chunks = (long long*)callocCheck(n + 1, sizeof(long long));
-    size_t at = 0;
-    for (int i = 0; i < n; i++) {
-        const ZfVector* vec = &zf->vectors[i];
-        if (vec->n >= (1ULL << 31)) { fatal("zenflow.cuh: a vector of %zu elements, too many for int", vec->n); }
-        sets[i] = ZfColumnSet{vec->offset, at, (int)vec->n, 1, 1, 0};
-        chunks[i + 1] = chunks[i] + zf_num_chunks(sets[i]);
-        at += vec->n;
-    }
-    const int zero = 0;
-    dev->vector_sets = (ZfColumnSet*)cuda_malloc(n * sizeof(ZfColumnSet), "ZenFlow column sets");
-    dev->vector_chunks = (long long*)cuda_malloc((n + 1) * sizeof(long long), "ZenFlow column sets");
-    dev->vector_order = (int*)cuda_malloc(sizeof(int), "ZenFlow column order");
-    cudaCheck(cudaMemcpy(dev->vector_sets, sets, n * sizeof(ZfColumnSet), cudaMemcpyHostToDevice));
-    cudaCheck(cudaMemcpy(dev->vector_chunks, chunks, (n + 1) * sizeof(long long), cudaMemcpyHostToDevice));
-    cudaCheck(cudaMemcpy(dev->vector_order, &zero, sizeof(int), cudaMemcpyHostToDevice));
-    dev->vector_grid = ZfGrid{dev->vector_sets, dev->vector_chunks, n, dev->vector_order};
-    dev->vector_blocks = chunks[n];
-    free(sets);
-    free(chunks);
+static void zf_set_table_alloc(ZfSetTable* t, int n) {
+    t->sets = (ZfColumnSet*)cuda_malloc(n * sizeof(ZfColumnSet), "ZenFlow column sets");
+    t->blocks = (long long*)cuda_malloc((n + 1) * sizeof(long long), "ZenFlow column sets");
+    t->h_sets = (ZfColumnSet*)callocCheck(n, sizeof(ZfColumnSet));
+    t->h_blocks = (long long*)callocCheck(n + 1, sizeof(long long));
+}
+
+static void zf_set_table_free(ZfSetTable* t) {
+    cudaCheck(cudaFree(t->sets));
+    cudaCheck(cudaFree(t->blocks));
+    free(t->h_sets);
+    free(t->h_blocks);
 }
 
 // ZenFlow over a model's parameter and gradient buffers (device, file layout); free with
@@ -757,97 +753,107 @@ static void zf_cuda_init(ZenFlow* zf, ZfCudaDevice* dev, float* params, float* g
     ZfBackend be;
     memset(&be, 0, sizeof(be));
     be.ctx = dev;
+    be.zero_grads = zf_cuda_zero_grads;
+    be.gpu_adam = zf_cuda_gpu_adam;
+    be.grads_to_host = zf_cuda_grads_to_host;
+    be.params_from_host = zf_cuda_params_from_host;
+    be.params_prefetch = zf_cuda_params_prefetch;
+    be.host_wait = zf_cuda_host_wait;
     be.column_scores = zf_cuda_column_scores;
     be.selection_changed = zf_cuda_selection_changed;
     be.moments_to_host = zf_cuda_moments_to_host;
     be.moments_from_host = zf_cuda_moments_from_host;
     be.params_to_host = zf_cuda_params_to_host;
-    be.zero_grads = zf_cuda_zero_grads;
-    be.gpu_adam = zf_cuda_gpu_adam;
-    be.grads_to_host = zf_cuda_grads_to_host;
-    be.params_prefetch = zf_cuda_params_prefetch;
-    be.params_from_host = zf_cuda_params_from_host;
-    be.host_wait = zf_cuda_host_wait;
-    be.host_blocks = zf_cuda_host_blocks;
     be.abs_sums = zf_cuda_abs_sums;
     be.abs_sums_wait = zf_cuda_abs_sums_wait;
     be.grads_from_host = zf_cuda_grads_from_host;
-    be.traces_device = 1;  // llmc/cuda_trace.cuh: event-timed spans
+    be.host_blocks = zf_cuda_host_blocks;
+    be.host_moment_copies = 1;  // host_moments
     zf_init(zf, cfg, model, be);
     const ZfConfig* c = &zf->cfg;
+    const ZfOwnership* own = &zf->own;
 
     // ownership tables
-    dev->num_sets = zf->num_matrices;
-    for (int i = 0; i < zf->num_matrices; i++) {
-        const ZfMatrix* mat = &zf->matrices[i];
+    dev->num_sets = own->num_matrices;
+    int max_cols = 0;
+    for (int i = 0; i < own->num_matrices; i++) {
+        const ZfMatrix* mat = &own->matrices[i];
         if ((long long)mat->rows * mat->cols >= (1LL << 31)) {
             fatal("zenflow.cuh: matrix %s has %d x %d elements, more than the kernels index with int",
                   mat->name, mat->rows, mat->cols);
         }
-        dev->total_cols += mat->cols;
-        dev->max_cols = mat->cols > dev->max_cols ? mat->cols : dev->max_cols;
+        max_cols = mat->cols > max_cols ? mat->cols : max_cols;
     }
-    size_t n = dev->num_sets;
-    dev->cpu_sets = (ZfColumnSet*)cuda_malloc(n * sizeof(ZfColumnSet), "ZenFlow column sets");
-    dev->gpu_sets = (ZfColumnSet*)cuda_malloc(n * sizeof(ZfColumnSet), "ZenFlow column sets");
-    dev->cpu_tiles = (long long*)cuda_malloc((n + 1) * sizeof(long long), "ZenFlow column sets");
-    dev->gpu_chunks = (long long*)cuda_malloc((n + 1) * sizeof(long long), "ZenFlow column sets");
-    dev->cpu_chunks = (long long*)cuda_malloc((n + 1) * sizeof(long long), "ZenFlow column sets");
-    dev->order = (int*)cuda_malloc(dev->total_cols * sizeof(int), "ZenFlow column order");
-    dev->h_cpu_sets = (ZfColumnSet*)callocCheck(n, sizeof(ZfColumnSet));
-    dev->h_gpu_sets = (ZfColumnSet*)callocCheck(n, sizeof(ZfColumnSet));
-    dev->h_cpu_tiles = (long long*)callocCheck(n + 1, sizeof(long long));
-    dev->h_gpu_chunks = (long long*)callocCheck(n + 1, sizeof(long long));
-    dev->h_cpu_chunks = (long long*)callocCheck(n + 1, sizeof(long long));
-    dev->h_order = (int*)callocCheck(dev->total_cols, sizeof(int));
-    dev->gpu_grid = ZfGrid{dev->gpu_sets, dev->gpu_chunks, dev->num_sets, dev->order};
-    dev->cpu_tile_grid = ZfGrid{dev->cpu_sets, dev->cpu_tiles, dev->num_sets, dev->order};
-    dev->cpu_chunk_grid = ZfGrid{dev->cpu_sets, dev->cpu_chunks, dev->num_sets, dev->order};
-    zf_cuda_vector_grid(dev, zf);
+    const int n = dev->num_sets;
+    zf_set_table_alloc(&dev->gpu, n);
+    zf_set_table_alloc(&dev->cpu_tiles, n);
+    zf_set_table_alloc(&dev->cpu_chunks, n);
+    dev->order = (int*)cuda_malloc(own->total_cols * sizeof(int), "ZenFlow column order");
+    dev->h_order = (int*)callocCheck(own->total_cols, sizeof(int));
+    dev->gpu_grid = ZfGrid{dev->gpu.sets, dev->gpu.blocks, n, dev->order};
+    dev->cpu_tile_grid = ZfGrid{dev->cpu_tiles.sets, dev->cpu_tiles.blocks, n, dev->order};
+    dev->cpu_chunk_grid = ZfGrid{dev->cpu_chunks.sets, dev->cpu_chunks.blocks, n, dev->order};
+    // the vectors' grid: vector i is a set of one column, 0, of n rows, its moments after
+    // those of vectors 0 .. i-1
+    zf_set_table_alloc(&dev->vectors, own->num_vectors);
+    size_t at = 0;
+    for (int i = 0; i < own->num_vectors; i++) {
+        const ZfVector* vec = &own->vectors[i];
+        if (vec->n >= (1ULL << 31)) { fatal("zenflow.cuh: a vector of %zu elements, too many for int", vec->n); }
+        ZfColumnSet s = {vec->offset, at, (int)vec->n, 1, 1, 0};
+        zf_set_table_put(&dev->vectors, i, s, zf_num_chunks(s));
+        at += vec->n;
+    }
+    zf_set_table_upload(&dev->vectors, own->num_vectors);
+    const int zero = 0;
+    dev->vector_order = (int*)cuda_malloc(sizeof(int), "ZenFlow column order");
+    cudaCheck(cudaMemcpy(dev->vector_order, &zero, sizeof(int), cudaMemcpyHostToDevice));
+    dev->vector_grid = ZfGrid{dev->vectors.sets, dev->vectors.blocks, own->num_vectors, dev->vector_order};
 
     // the GPU's optimizer state (zero, like every moment before the first step)
-    size_t g = zf->vector_elems + zf->gpu_capacity;
+    size_t g = own->vector_elems + own->gpu_capacity;
     dev->m = cuda_malloc(g * sizeof(float), "ZenFlow GPU moments m");
     dev->v = cuda_malloc(g * sizeof(float), "ZenFlow GPU moments v");
     cudaCheck(cudaMemset(dev->m, 0, g * sizeof(float)));
     cudaCheck(cudaMemset(dev->v, 0, g * sizeof(float)));
     dev->host_moments = (float*)mallocCheck(g * sizeof(float));
-    dev->scores = cuda_malloc(dev->max_cols * sizeof(float), "ZenFlow column scores");
+    dev->scores = cuda_malloc(own->total_cols * sizeof(float), "ZenFlow column scores");
+    dev->score_partial = cuda_malloc((size_t)COLSUM_MAX_CHUNKS * max_cols * sizeof(float), "ZenFlow column scores");
     if (c->update_interval == ZF_AUTO) {  // spec 6's sums: chunks of either side, at most
-        size_t most = (zf->gpu_capacity > zf->cpu_capacity ? zf->gpu_capacity : zf->cpu_capacity) / ZF_CHUNK + n;
-        dev->abs_partial = (double*)cuda_malloc(most * sizeof(double), "ZenFlow auto U sums");
-        dev->abs_host = (double*)mapped_alloc(2 * n * sizeof(double), &dev->abs_mapped, "ZenFlow auto U sums");
+        size_t most = (own->gpu_capacity > own->cpu_capacity ? own->gpu_capacity : own->cpu_capacity) / ZF_CHUNK + n;
+        dev->autou.partial = (double*)cuda_malloc(most * sizeof(double), "ZenFlow auto U sums");
+        dev->autou.host = (double*)mapped_alloc(2 * n * sizeof(double), &dev->autou.mapped, "ZenFlow auto U sums");
     }
-    cudaCheck(cudaEventCreateWithFlags(&dev->abs_done, ZF_WAITED_EVENT));
-    dev->score_partial = cuda_malloc((size_t)COLSUM_MAX_CHUNKS * dev->max_cols * sizeof(float),
-                                     "ZenFlow column scores");
+    cudaCheck(cudaEventCreateWithFlags(&dev->autou.done, ZF_WAITED_EVENT));
 
     // transfers: two staging buffers where both directions are busy at once: with overlap, a
     // window's result waits in one (prefetched) while gradients leave through the other
-    // (every step with accumulation on the CPU; at the boundary's backward with accumulation
-    // on the GPU and per-layer pipelining)
+    // (every step with accumulation on the CPU; at the boundary's backward with -za gpu and
+    // per-layer pipelining)
     cudaCheck(cudaStreamCreateWithFlags(&dev->d2h, cudaStreamNonBlocking));
     cudaCheck(cudaStreamCreateWithFlags(&dev->h2d, cudaStreamNonBlocking));
     int two = c->overlap;
-    zf_cuda_staging_init(&dev->staging[0], zf->cpu_capacity);
-    zf_cuda_staging_init(&dev->staging[1], two ? zf->cpu_capacity : 0);
+    zf_cuda_staging_init(&dev->staging[0], own->cpu_capacity);
+    zf_cuda_staging_init(&dev->staging[1], two ? own->cpu_capacity : 0);
     dev->grads_stage = &dev->staging[0];
     dev->params_stage = two ? &dev->staging[1] : &dev->staging[0];
-    dev->staging_bytes = (two ? 2 : 1) * zf->cpu_capacity * sizeof(float);
-    // host buffers that asynchronous copies touch; pinned where they carry the traffic
-    size_t bytes = zf->cpu_capacity * sizeof(float);
+    dev->staging_bytes = (two ? 2 : 1) * own->cpu_capacity * sizeof(float);
+    // host buffers that copies touch; pinned where they carry the traffic
+    size_t bytes = own->cpu_capacity * sizeof(float);
     int gpu_acc = c->accumulate == ZF_ACCUMULATE_GPU;
-    zf_cuda_add_fence(dev, zf->master, bytes, 1);
-    zf_cuda_add_fence(dev, zf->acc, bytes, gpu_acc);
-    zf_cuda_add_fence(dev, zf->acc_job, bytes, gpu_acc && c->overlap);
-    zf_cuda_add_fence(dev, zf->grad_stage[0], bytes, 1);
-    zf_cuda_add_fence(dev, zf->grad_stage[1], bytes, 1);
+    zf_cuda_add_fence(dev, zf->cpu.master, bytes, 1);
+    zf_cuda_add_fence(dev, zf->win.acc, bytes, gpu_acc);
+    zf_cuda_add_fence(dev, zf->win.acc_job, bytes, gpu_acc && c->overlap);
+    zf_cuda_add_fence(dev, zf->landing.buf[0], bytes, 1);
+    zf_cuda_add_fence(dev, zf->landing.buf[1], bytes, 1);
+    zf_cuda_add_fence(dev, dev->host_moments, g * sizeof(float), 1);  // a selection's, a checkpoint's copies
 
-    cudaCheck(cudaEventCreate(&dev->step_begin));
-    cudaCheck(cudaEventCreateWithFlags(&dev->step_end, cudaEventBlockingSync));  // waited for every step
+    ZfCudaStats* st = &dev->stats;
+    cudaCheck(cudaEventCreate(&st->step_begin));
+    cudaCheck(cudaEventCreateWithFlags(&st->step_end, cudaEventBlockingSync));  // waited for every step
     for (int i = 0; i < ZF_MAX_STALLS; i++) {
-        cudaCheck(cudaEventCreate(&dev->stall_begin[i]));
-        cudaCheck(cudaEventCreate(&dev->stall_end[i]));
+        cudaCheck(cudaEventCreate(&st->stall_begin[i]));
+        cudaCheck(cudaEventCreate(&st->stall_end[i]));
     }
 }
 
@@ -863,46 +869,51 @@ static void zf_cuda_free(ZenFlow* zf, ZfCudaDevice* dev) {
     zf_cuda_staging_free(&dev->staging[1]);
     cudaCheck(cudaStreamDestroy(dev->d2h));
     cudaCheck(cudaStreamDestroy(dev->h2d));
-    cudaCheck(cudaEventDestroy(dev->step_begin));
-    cudaCheck(cudaEventDestroy(dev->step_end));
+    ZfCudaStats* st = &dev->stats;
+    cudaCheck(cudaEventDestroy(st->step_begin));
+    cudaCheck(cudaEventDestroy(st->step_end));
     for (int i = 0; i < ZF_MAX_STALLS; i++) {
-        cudaCheck(cudaEventDestroy(dev->stall_begin[i]));
-        cudaCheck(cudaEventDestroy(dev->stall_end[i]));
+        cudaCheck(cudaEventDestroy(st->stall_begin[i]));
+        cudaCheck(cudaEventDestroy(st->stall_end[i]));
     }
-    cudaCheck(cudaEventDestroy(dev->abs_done));
-    mapped_free(dev->abs_host);
-    void* device_bufs[] = {dev->cpu_sets, dev->gpu_sets, dev->cpu_tiles, dev->gpu_chunks, dev->cpu_chunks, dev->order,
-                           dev->vector_sets, dev->vector_chunks, dev->vector_order, dev->m, dev->v, dev->scores,
-                           dev->score_partial, dev->abs_partial};
+    cudaCheck(cudaEventDestroy(dev->autou.done));
+    mapped_free(dev->autou.host);
+    ZfSetTable* tables[] = {&dev->gpu, &dev->cpu_tiles, &dev->cpu_chunks, &dev->vectors};
+    for (ZfSetTable* t : tables) { zf_set_table_free(t); }
+    void* device_bufs[] = {dev->order, dev->vector_order, dev->m, dev->v, dev->scores, dev->score_partial,
+                           dev->autou.partial};
     for (void* p : device_bufs) { cudaCheck(cudaFree(p)); }
-    void* host_bufs[] = {dev->h_cpu_sets, dev->h_gpu_sets, dev->h_cpu_tiles, dev->h_gpu_chunks, dev->h_cpu_chunks,
-                         dev->h_order, dev->host_moments};
-    for (void* p : host_bufs) { free(p); }
+    free(dev->h_order);
+    free(dev->host_moments);
     memset(dev, 0, sizeof(*dev));
 }
 
 // the ZenFlow lines of the trainer's memory table (MiB)
 static void zf_cuda_print_memory(const ZfCudaDevice* dev, const ZenFlow* zf) {
     const double MiB = 1048576.0;
-    size_t g = zf->vector_elems + zf->gpu_capacity, c = zf->cpu_capacity;
+    size_t g = zf->own.vector_elems + zf->own.gpu_capacity, c = zf->own.cpu_capacity;
     printf("[memory] GPU %-34s %10.1f MiB  (m, v of the vectors + k of every matrix)\n", "optimizer state",
            2.0 * g * sizeof(float) / MiB);
     printf("[memory] GPU %-34s %10.1f MiB\n", "transfer staging", dev->staging_bytes / MiB);
     printf("[memory] host %-33s %10.1f MiB  (the CPU-owned elements)\n", "master + m + v",
            3.0 * c * sizeof(float) / MiB);
-    size_t stages = (zf->grad_stage[0] != NULL) + (zf->grad_stage[1] != NULL);
-    printf("[memory] host %-33s %10.1f MiB  (pinned %.1f MiB)\n", "accumulators + staging",
-           (2.0 + stages) * c * sizeof(float) / MiB, dev->pinned_bytes / MiB);
-    printf("[memory] host %-33s %10.1f MiB  (used at reselections)\n", "migration scratch",
-           (2.0 * c + 4.0 * g) * sizeof(float) / MiB);
+    size_t landing = (zf->landing.buf[0] != NULL) + (zf->landing.buf[1] != NULL);
+    printf("[memory] host %-33s %10.1f MiB  (pinned %.1f MiB)\n", "accumulators + landing",
+           (2.0 + landing) * c * sizeof(float) / MiB, dev->pinned_bytes / MiB);
+    printf("[memory] host %-33s %10.1f MiB  (used at reselections and checkpoints)\n", "migration scratch",
+           (2.0 * c + 5.0 * g) * sizeof(float) / MiB);
+    printf("[memory] host %-33s %10.1f MiB  (of %.1f MiB available: %s)\n", "ZenFlow in all", zf->stats.host_need_mib,
+           zf->stats.host_available_mib, zf->stats.host_source);
 }
 
-// ----------------------------------------------------------------------------
-// stall and step measurement (spec 8). Measured on the default stream: each wait of that
-// stream for a copy, and each time the main thread blocks on the CPU side (zenflow.h's
-// host_blocks: a wait for the CPU threads, a synchronous update, a whole selection with its
-// migration), is bracketed by two timing events; their elapsed time is how long the GPU had
-// nothing to do. Compute = the step's elapsed time on the default stream minus the stall.
+// ============================================================================
+// Stall and step measurement (spec 8)
+// ============================================================================
+// Measured on the default stream: each wait of that stream for a copy, and each time the
+// main thread blocks on the CPU side (zenflow.h's host_blocks: a wait for the CPU threads, a
+// synchronous update, a whole selection with its migration), is bracketed by two timing
+// events; their elapsed time is how long the GPU had nothing to do. Compute = the step's
+// elapsed time on the default stream minus the stall.
 
 // what one step cost (zf_cuda_step_end)
 typedef struct {
@@ -915,23 +926,24 @@ typedef struct {
 
 // the default stream waits for an event; timed as a stall unless the host is blocked anyway
 static void zf_cuda_compute_waits(ZfCudaDevice* dev, cudaEvent_t event) {
-    int timed = !dev->blocking && dev->num_stalls < ZF_MAX_STALLS;
-    if (timed) { cudaCheck(cudaEventRecord(dev->stall_begin[dev->num_stalls], 0)); }
+    ZfCudaStats* st = &dev->stats;
+    int timed = !st->blocking && st->num_stalls < ZF_MAX_STALLS;
+    if (timed) { cudaCheck(cudaEventRecord(st->stall_begin[st->num_stalls], 0)); }
     int span = gpu_trace_begin(0);
     cudaCheck(cudaStreamWaitEvent(0, event, 0));
     gpu_trace_end(span, 0, TRACE_WAIT, "GPU waits for a copy");
-    if (timed) { cudaCheck(cudaEventRecord(dev->stall_end[dev->num_stalls++], 0)); }
+    if (timed) { cudaCheck(cudaEventRecord(st->stall_end[st->num_stalls++], 0)); }
 }
 
 // the main thread blocks on the CPU side: the default stream runs dry from here on
 static void zf_cuda_host_blocks(void* ctx, int begin) {
-    ZfCudaDevice* dev = (ZfCudaDevice*)ctx;
+    ZfCudaStats* st = &((ZfCudaDevice*)ctx)->stats;
     if (begin) {
-        dev->blocking = dev->num_stalls < ZF_MAX_STALLS;
-        if (dev->blocking) { cudaCheck(cudaEventRecord(dev->stall_begin[dev->num_stalls], 0)); }
-    } else if (dev->blocking) {
-        cudaCheck(cudaEventRecord(dev->stall_end[dev->num_stalls++], 0));
-        dev->blocking = 0;
+        st->blocking = st->num_stalls < ZF_MAX_STALLS;
+        if (st->blocking) { cudaCheck(cudaEventRecord(st->stall_begin[st->num_stalls], 0)); }
+    } else if (st->blocking) {
+        cudaCheck(cudaEventRecord(st->stall_end[st->num_stalls++], 0));
+        st->blocking = 0;
     }
 }
 
@@ -939,30 +951,32 @@ static void zf_cuda_host_blocks(void* ctx, int begin) {
 // step_end waits for the default stream (not for copies still running on the others: they
 // belong to the next step's overlap).
 static void zf_cuda_step_begin(ZfCudaDevice* dev, const ZenFlow* zf) {
-    dev->num_stalls = 0;
-    dev->blocking = 0;
-    dev->d2h_bytes = dev->h2d_bytes = 0.0;
-    dev->cpu_ms_at_begin = zf_cpu_work_ms(zf);
-    cudaCheck(cudaEventRecord(dev->step_begin, 0));
+    ZfCudaStats* st = &dev->stats;
+    st->num_stalls = 0;
+    st->blocking = 0;
+    st->d2h_bytes = st->h2d_bytes = 0;
+    st->cpu_ms_at_begin = zf_cpu_work_ms(zf);
+    cudaCheck(cudaEventRecord(st->step_begin, 0));
 }
 
 static ZfStepStats zf_cuda_step_end(ZfCudaDevice* dev, const ZenFlow* zf) {
-    cudaCheck(cudaEventRecord(dev->step_end, 0));
-    cudaCheck(cudaEventSynchronize(dev->step_end));
-    ZfStepStats st;
-    memset(&st, 0, sizeof(st));
+    ZfCudaStats* st = &dev->stats;
+    cudaCheck(cudaEventRecord(st->step_end, 0));
+    cudaCheck(cudaEventSynchronize(st->step_end));
+    ZfStepStats out;
+    memset(&out, 0, sizeof(out));
     float ms = 0.0f;
-    cudaCheck(cudaEventElapsedTime(&ms, dev->step_begin, dev->step_end));
-    st.gpu_ms = ms;
-    for (int i = 0; i < dev->num_stalls; i++) {
-        cudaCheck(cudaEventElapsedTime(&ms, dev->stall_begin[i], dev->stall_end[i]));
-        st.stall_ms += ms;
+    cudaCheck(cudaEventElapsedTime(&ms, st->step_begin, st->step_end));
+    out.gpu_ms = ms;
+    for (int i = 0; i < st->num_stalls; i++) {
+        cudaCheck(cudaEventElapsedTime(&ms, st->stall_begin[i], st->stall_end[i]));
+        out.stall_ms += ms;
     }
-    st.compute_ms = st.gpu_ms - st.stall_ms;
-    st.cpu_ms = zf_cpu_work_ms(zf) - dev->cpu_ms_at_begin;
-    st.d2h_bytes = dev->d2h_bytes;
-    st.h2d_bytes = dev->h2d_bytes;
-    return st;
+    out.compute_ms = out.gpu_ms - out.stall_ms;
+    out.cpu_ms = zf_cpu_work_ms(zf) - st->cpu_ms_at_begin;
+    out.d2h_bytes = (double)st->d2h_bytes;
+    out.h2d_bytes = (double)st->h2d_bytes;
+    return out;
 }
 
 #endif  // ZENFLOW_CUH

@@ -150,7 +150,7 @@ static double group_bytes(const ZenFlow* zf, int group) {
     const int* mats = zf_group(zf, group, &count);
     double n = 0.0;
     for (int k = 0; k < count; k++) {
-        const ZfMatrix* mat = &zf->matrices[mats[k]];
+        const ZfMatrix* mat = &zf->own.matrices[mats[k]];
         n += (double)(mat->cols - mat->n_sel) * mat->rows;
     }
     return 4.0 * n;
@@ -159,8 +159,8 @@ static double group_bytes(const ZenFlow* zf, int group) {
 // ----------------------------------------------------------------------------
 // the backend (zenflow.h's ZfBackend), as zenflow.cuh orders its copies
 
-static void sim_column_scores(void*, const ZfMatrix* mat, float* scores) {
-    for (int j = 0; j < mat->cols; j++) { scores[j] = (float)((j * 2654435761u) % 1000); }  // any fixed order
+static void sim_column_scores(void*, const ZenFlow* zf, float* scores) {
+    for (int j = 0; j < zf->own.total_cols; j++) { scores[j] = (float)((j * 2654435761u) % 1000); }  // any fixed order
 }
 static void sim_nothing(void*, const ZenFlow*) {}
 static void sim_moments(void*, const ZenFlow*, const float*, const float*) {}
@@ -168,19 +168,19 @@ static void sim_moments_out(void*, const ZenFlow*, float*, float*) {}
 
 static void sim_zero_grads(void* ctx, const ZenFlow* zf, int all) {
     SimDevice* dev = (SimDevice*)ctx;
-    double n = all ? (double)(zf->matrix_elems + zf->vector_elems) : (double)(zf->vector_elems + zf->gpu_sel_elems);
+    double n = all ? (double)(zf->own.matrix_elems + zf->own.vector_elems) : (double)(zf->own.vector_elems + zf->own.gpu_sel_elems);
     gpu_work(dev, hbm_ms(dev, 4.0 * n));
 }
 
 static void sim_gpu_adam(void* ctx, const ZenFlow* zf, ZfAdamHyper, int) {
     SimDevice* dev = (SimDevice*)ctx;
-    gpu_work(dev, hbm_ms(dev, 28.0 * (double)(zf->vector_elems + zf->gpu_sel_elems)));
+    gpu_work(dev, hbm_ms(dev, 28.0 * (double)(zf->own.vector_elems + zf->own.gpu_sel_elems)));
 }
 
 static void columns_to_host(SimDevice* dev, const ZenFlow* zf, int stage, float* host, int group) {
     double bytes = group_bytes(zf, group);
     if (bytes == 0.0) { return; }
-    if (group < 0 || group == zf->num_groups - 1) {  // the staging buffer is free again
+    if (group < 0 || group == zf->own.num_groups - 1) {  // the staging buffer is free again
         gpu_waits(dev, dev->d2h_done[stage]);
         gpu_waits(dev, dev->h2d_done[stage]);
     }
@@ -218,16 +218,16 @@ static void sim_params_prefetch(void* ctx, const ZenFlow* zf, const float* host)
 // its own. (Here the main thread is the GPU, and cannot run ahead by itself.)
 static void sim_params_from_host(void* ctx, const ZenFlow* zf, const float* host, int group) {
     SimDevice* dev = (SimDevice*)ctx;
-    if (zf->cpu_elems == 0) { return; }
+    if (zf->own.cpu_elems == 0) { return; }
     if (!dev->prefetched && group <= 0) {
-        dev->group_done.assign(zf->num_groups, 0.0);
-        for (int g = (group < 0 ? -1 : 0); g < (group < 0 ? 0 : zf->num_groups); g++) {
+        dev->group_done.assign(zf->own.num_groups, 0.0);
+        for (int g = (group < 0 ? -1 : 0); g < (group < 0 ? 0 : zf->own.num_groups); g++) {
             upload(dev, zf, host, g);
             if (g >= 0) { dev->group_done[g] = dev->h2d_done[dev->params_stage]; }
         }
     }
     double landed = group >= 0 && !dev->prefetched ? dev->group_done[group] : dev->h2d_done[dev->params_stage];
-    if (group < 0 || group == zf->num_groups - 1) { dev->prefetched = 0; }
+    if (group < 0 || group == zf->own.num_groups - 1) { dev->prefetched = 0; }
     gpu_waits(dev, landed);
     gpu_work(dev, hbm_ms(dev, 2.0 * group_bytes(zf, group)));  // the scatter
     dev->h2d_bytes += (double)__atomic_exchange_n(&dev->uploaded, 0LL, __ATOMIC_RELAXED);
@@ -287,12 +287,11 @@ static SimRow simulate(const GPT2Config* model, const SimMachine* hw, ZfConfig c
     be.host_blocks = sim_host_blocks;
     ZenFlow zf;
     zf_init(&zf, cfg, model, be);
-    zf.pipeline = 1;  // the trainers' default: transfers layer by layer
     dev->zf = &zf;
     dev->params_stage = zf.cfg.overlap ? 1 : 0;
     for (int i = 0; i < 2; i++) {  // what the copies would have written (calloc'ed pages read as one zero page)
-        if (zf.grad_stage[i] != NULL) {
-            for (size_t j = 0; j < zf.cpu_capacity; j++) { zf.grad_stage[i][j] = 1e-3f; }
+        if (zf.landing.buf[i] != NULL) {
+            for (size_t j = 0; j < zf.own.cpu_capacity; j++) { zf.landing.buf[i][j] = 1e-3f; }
         }
     }
     // the GPU's time: the layers and the classifier share compute by their parameters
@@ -350,7 +349,7 @@ static double cpu_owned(const GPT2Config* model, double k) {
 // the most host memory zenflow's CPU side takes for this model (zenflow mode needs the most)
 static double host_need(const GPT2Config* model, ZfConfig cfg) {
     double c = cpu_owned(model, cfg.topk);
-    return zf_host_bytes(&cfg, (size_t)c, (size_t)(num_params(model) - c));
+    return zf_host_bytes(&cfg, (size_t)c, (size_t)(num_params(model) - c), 1);  // (zenflow.cuh keeps one copy)
 }
 
 int main(int argc, char** argv) {
@@ -396,7 +395,8 @@ int main(int argc, char** argv) {
     printf("| model | mode | step ms | compute ms | stall ms | stall %% | PCIe MB down | up | CPU work ms | launch +%% "
            "| vs offload |\n");
     printf("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
-    const double available = zf_host_memory_available();
+    const char* source;
+    const double available = zf_host_memory_available(&source);
     std::string list = models;
     for (size_t at = 0; at < list.size();) {
         size_t end = list.find(',', at);

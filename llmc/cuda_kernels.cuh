@@ -34,6 +34,7 @@ Naming: B batch, T time, C channels, NH heads, hs = C/NH, L layers, V vocab, Vp 
 #include <math.h>
 #include <stdint.h>
 
+#include "adamw.h"
 #include "utils.h"
 
 // ----------------------------------------------------------------------------
@@ -986,42 +987,8 @@ static inline void fused_classifier(float* logits, float* losses, const int* tar
 }
 
 // ----------------------------------------------------------------------------
-// AdamW, exactly docs/zenflow_spec.md section 3.1 (bitwise the CPU's when built with
-// -fmad=false): the per-step constants are computed on the host, as cpu_adam.cpp does, and
-// every element goes through adamw_one, here and in zenflow.cuh's selective AdamW.
-
-typedef struct {
-    float lr, b1, b2, omb1, omb2, bc1, bc2, eps, wd;
-} AdamWConsts;
-
-// the constants of step s (1-based): 1 - b in fp32, bias corrections in double then rounded
-static inline AdamWConsts adamw_consts(float lr, float beta1, float beta2, float eps, float weight_decay,
-                                       int s) {
-    AdamWConsts c;
-    c.lr = lr;
-    c.b1 = beta1;
-    c.b2 = beta2;
-    c.omb1 = 1.0f - beta1;  // fp32 subtractions
-    c.omb2 = 1.0f - beta2;
-    c.bc1 = (float)(1.0 - pow((double)beta1, (double)s));  // double, then one rounding
-    c.bc2 = (float)(1.0 - pow((double)beta2, (double)s));
-    c.eps = eps;
-    c.wd = weight_decay;
-    return c;
-}
-
-// one element, in the order of spec 3.1 (as cpu_adam.cpp computes it)
-__device__ inline void adamw_one(float* p, float* m, float* v, float g, const AdamWConsts& c) {
-    float mi = c.b1 * *m + c.omb1 * g;
-    float vi = c.b2 * *v + (c.omb2 * g) * g;
-    float mhat = mi / c.bc1;
-    float vhat = vi / c.bc2;
-    float pi = *p;
-    // wd*p is computed even when wd == 0, as on the CPU (the sign of a zero update)
-    *p = pi - c.lr * (mhat / (sqrtf(vhat) + c.eps) + c.wd * pi);
-    *m = mi;
-    *v = vi;
-}
+// AdamW, exactly docs/zenflow_spec.md section 3.1: llmc/adamw.h's adamw_one (the CPU's
+// formula, bitwise the CPU's when built with -fmad=false), its constants computed on the host
 
 __global__ void adamw_kernel(float* __restrict__ p, float* __restrict__ m, float* __restrict__ v,
                              const float* __restrict__ g, size_t n, AdamWConsts c) {

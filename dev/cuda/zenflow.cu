@@ -29,8 +29,8 @@ plain AdamW over the same elements, zeroing, and the copies over PCIe (pinned ho
 
 // random ownership as zf_select leaves it (k of each matrix's columns, ascending, then the rest)
 static void random_ownership(ZenFlow* zf, uint64_t* rng) {
-    for (int i = 0; i < zf->num_matrices; i++) {
-        ZfMatrix* mat = &zf->matrices[i];
+    for (int i = 0; i < zf->own.num_matrices; i++) {
+        ZfMatrix* mat = &zf->own.matrices[i];
         int* order = mat->cols_by_owner;
         for (int j = 0; j < mat->cols; j++) { order[j] = j; }
         for (int j = mat->cols - 1; j > 0; j--) {
@@ -49,8 +49,8 @@ static void random_ownership(ZenFlow* zf, uint64_t* rng) {
 
 // the CPU backend's gather: packed[cpu_offset + r * rows + o] = full[o, col_r] (CPU-owned)
 static void gather_cpu_owned(const ZenFlow* zf, const float* full, float* packed) {
-    for (int i = 0; i < zf->num_matrices; i++) {
-        const ZfMatrix* mat = &zf->matrices[i];
+    for (int i = 0; i < zf->own.num_matrices; i++) {
+        const ZfMatrix* mat = &zf->own.matrices[i];
         for (int o = 0; o < mat->rows; o++) {
             for (int r = 0; r < mat->cols - mat->n_sel; r++) {
                 packed[mat->cpu_offset + (size_t)r * mat->rows + o] =
@@ -61,8 +61,8 @@ static void gather_cpu_owned(const ZenFlow* zf, const float* full, float* packed
 }
 
 static void scatter_cpu_owned(const ZenFlow* zf, float* full, const float* packed) {
-    for (int i = 0; i < zf->num_matrices; i++) {
-        const ZfMatrix* mat = &zf->matrices[i];
+    for (int i = 0; i < zf->own.num_matrices; i++) {
+        const ZfMatrix* mat = &zf->own.matrices[i];
         for (int o = 0; o < mat->rows; o++) {
             for (int r = 0; r < mat->cols - mat->n_sel; r++) {
                 full[mat->offset + (size_t)o * mat->cols + mat->cols_by_owner[mat->n_sel + r]] =
@@ -119,16 +119,16 @@ static void validate(const char* spec, double k, uint64_t* rng) {
     zf_cuda_init(&zf, &dev, d_params, d_grads, &c, cfg);
     const ZfBackend* be = &zf.backend;
     random_ownership(&zf, rng);
-    const size_t g = zf.vector_elems + zf.gpu_sel_elems, ce = zf.cpu_elems;
+    const size_t g = zf.own.vector_elems + zf.own.gpu_sel_elems, ce = zf.own.cpu_elems;
 
     // spec 6 sums, before anything changes the gradients
     {
-        std::vector<double> sel(zf.num_matrices, -1.0), cpu(zf.num_matrices, -1.0);
+        std::vector<double> sel(zf.own.num_matrices, -1.0), cpu(zf.own.num_matrices, -1.0);
         be->abs_sums(be->ctx, &zf, sel.data(), cpu.data());
         be->abs_sums_wait(be->ctx);
         double worst = 0.0;
-        for (int i = 0; i < zf.num_matrices; i++) {
-            const ZfMatrix* mat = &zf.matrices[i];
+        for (int i = 0; i < zf.own.num_matrices; i++) {
+            const ZfMatrix* mat = &zf.own.matrices[i];
             double want_sel = 0.0, want_cpu = 0.0;
             for (int o = 0; o < mat->rows; o++) {
                 for (int r = 0; r < mat->cols; r++) {
@@ -148,8 +148,8 @@ static void validate(const char* spec, double k, uint64_t* rng) {
     // 4.2.2 column scores
     double worst = 0.0;
     int deterministic = 1;
-    for (int i = 0; i < zf.num_matrices; i++) {
-        const ZfMatrix* mat = &zf.matrices[i];
+    for (int i = 0; i < zf.own.num_matrices; i++) {
+        const ZfMatrix* mat = &zf.own.matrices[i];
         std::vector<float> scores(mat->cols), again(mat->cols);
         be->column_scores(be->ctx, mat, scores.data());
         be->column_scores(be->ctx, mat, again.data());
@@ -176,18 +176,18 @@ static void validate(const char* spec, double k, uint64_t* rng) {
         ZfAdamHyper hv = h;
         hv.weight_decay = 0.0f;
         size_t at = 0;
-        for (int i = 0; i < zf.num_vectors; i++) {
-            for (size_t j = 0; j < zf.vectors[i].n; j++, at++) {
-                size_t e = zf.vectors[i].offset + j;
+        for (int i = 0; i < zf.own.num_vectors; i++) {
+            for (size_t j = 0; j < zf.own.vectors[i].n; j++, at++) {
+                size_t e = zf.own.vectors[i].offset + j;
                 adam_cpu(&p_ref[e], &m_ref[at], &v_ref[at], h_grads[e], hv, s);
             }
         }
-        for (int i = 0; i < zf.num_matrices; i++) {  // zenflow.h's GPU layout: column by column
-            const ZfMatrix* mat = &zf.matrices[i];
+        for (int i = 0; i < zf.own.num_matrices; i++) {  // zenflow.h's GPU layout: column by column
+            const ZfMatrix* mat = &zf.own.matrices[i];
             for (int r = 0; r < mat->n_sel; r++) {
                 for (int o = 0; o < mat->rows; o++) {
                     size_t e = mat->offset + (size_t)o * mat->cols + mat->cols_by_owner[r];
-                    size_t q = zf.vector_elems + mat->gpu_offset + (size_t)r * mat->rows + o;
+                    size_t q = zf.own.vector_elems + mat->gpu_offset + (size_t)r * mat->rows + o;
                     adam_cpu(&p_ref[e], &m_ref[q], &v_ref[q], h_grads[e], h, s);
                 }
             }
@@ -207,7 +207,7 @@ static void validate(const char* spec, double k, uint64_t* rng) {
     gather_cpu_owned(&zf, h_grads, want.data());
     bitwise(packed.data(), want.data(), ce + 1, "grads_to_host vs gather_columns");
     std::fill(packed.begin(), packed.end(), -1.0f);
-    for (int gr = zf.num_groups - 1; gr >= 0; gr--) { be->grads_to_host(be->ctx, &zf, packed.data(), gr); }
+    for (int gr = zf.own.num_groups - 1; gr >= 0; gr--) { be->grads_to_host(be->ctx, &zf, packed.data(), gr); }
     be->host_wait(be->ctx, packed.data());
     bitwise(packed.data(), want.data(), ce + 1, "grads_to_host layer by layer");
 
@@ -218,7 +218,7 @@ static void validate(const char* spec, double k, uint64_t* rng) {
     cudaCheck(cudaDeviceSynchronize());
     cudaCheck(cudaMemcpy(got.data(), d_params, N * sizeof(float), cudaMemcpyDeviceToHost));
     bitwise(got.data(), p_ref.data(), N, "params_from_host vs scatter_columns");
-    for (int gr = 0; gr < zf.num_groups; gr++) { be->params_from_host(be->ctx, &zf, fresh + 2, gr); }
+    for (int gr = 0; gr < zf.own.num_groups; gr++) { be->params_from_host(be->ctx, &zf, fresh + 2, gr); }
     scatter_cpu_owned(&zf, p_ref.data(), fresh + 2);
     cudaCheck(cudaDeviceSynchronize());
     cudaCheck(cudaMemcpy(got.data(), d_params, N * sizeof(float), cudaMemcpyDeviceToHost));
@@ -235,11 +235,11 @@ static void validate(const char* spec, double k, uint64_t* rng) {
     // spec 7 zeroing inside a window
     be->zero_grads(be->ctx, &zf, 0);
     std::vector<float> g_ref(h_grads, h_grads + N);
-    for (int i = 0; i < zf.num_vectors; i++) {
-        for (size_t j = 0; j < zf.vectors[i].n; j++) { g_ref[zf.vectors[i].offset + j] = 0.0f; }
+    for (int i = 0; i < zf.own.num_vectors; i++) {
+        for (size_t j = 0; j < zf.own.vectors[i].n; j++) { g_ref[zf.own.vectors[i].offset + j] = 0.0f; }
     }
-    for (int i = 0; i < zf.num_matrices; i++) {
-        const ZfMatrix* mat = &zf.matrices[i];
+    for (int i = 0; i < zf.own.num_matrices; i++) {
+        const ZfMatrix* mat = &zf.own.matrices[i];
         for (int o = 0; o < mat->rows; o++) {
             for (int r = 0; r < mat->n_sel; r++) { g_ref[mat->offset + (size_t)o * mat->cols + mat->cols_by_owner[r]] = 0.0f; }
         }
@@ -285,11 +285,11 @@ static void benchmark(const char* spec, double k, uint64_t* rng) {
     zf_cuda_init(&zf, &dev, d_params, d_grads, &c, cfg);
     const ZfBackend* be = &zf.backend;
     random_ownership(&zf, rng);
-    printf("benchmark %s k=%g: %zu CPU-owned, %zu GPU-owned elements (+ %zu in vectors)\n", spec, k, zf.cpu_elems,
-           zf.gpu_sel_elems, zf.vector_elems);
-    const double ce = (double)zf.cpu_elems, ge = (double)zf.gpu_sel_elems + zf.vector_elems;
+    printf("benchmark %s k=%g: %zu CPU-owned, %zu GPU-owned elements (+ %zu in vectors)\n", spec, k, zf.own.cpu_elems,
+           zf.own.gpu_sel_elems, zf.own.vector_elems);
+    const double ce = (double)zf.own.cpu_elems, ge = (double)zf.own.gpu_sel_elems + zf.own.vector_elems;
     float us;
-    if (zf.cpu_elems > 0) {
+    if (zf.own.cpu_elems > 0) {
         int n = dev.num_sets;
         us = benchmark_us(10, [&] { zf_cuda_gather(&dev, dev.grads_stage->buf, d_grads, 0, n); });
         report_bandwidth("gather CPU-owned columns (read+write)", us, 2.0 * ce * 4);
@@ -309,7 +309,7 @@ static void benchmark(const char* spec, double k, uint64_t* rng) {
     report_bandwidth("  for scale: contiguous AdamW, same count", us, 7.0 * ge * 4);
     us = benchmark_us(10, [&] { be->zero_grads(be->ctx, &zf, 0); });
     report_bandwidth("zero_grads(all = 0) (write)", us, ge * 4);
-    if (zf.cpu_elems > 0) {  // PCIe: the pinned master, both directions, host clock; all at
+    if (zf.own.cpu_elems > 0) {  // PCIe: the pinned master, both directions, host clock; all at
         // once, and layer by layer (the per-layer pipeline's launches and copies, back to back)
         const char* names[4] = {"grads_to_host (D2H)", "params_from_host (H2D)", "grads_to_host, per layer",
                                 "params_from_host, per layer"};
@@ -318,15 +318,15 @@ static void benchmark(const char* spec, double k, uint64_t* rng) {
             for (int i = 0; i < 5; i++) {
                 cudaCheck(cudaDeviceSynchronize());
                 double t0 = now_ms();
-                for (int part = 0; part < (way < 2 ? 1 : zf.num_groups); part++) {
-                    int gr = way < 2 ? -1 : way == 2 ? zf.num_groups - 1 - part : part;
+                for (int part = 0; part < (way < 2 ? 1 : zf.own.num_groups); part++) {
+                    int gr = way < 2 ? -1 : way == 2 ? zf.own.num_groups - 1 - part : part;
                     if (way % 2 == 0) {
-                        be->grads_to_host(be->ctx, &zf, zf.master, gr);
+                        be->grads_to_host(be->ctx, &zf, zf.cpu.master, gr);
                     } else {
-                        be->params_from_host(be->ctx, &zf, zf.master, gr);
+                        be->params_from_host(be->ctx, &zf, zf.cpu.master, gr);
                     }
                 }
-                be->host_wait(be->ctx, zf.master);
+                be->host_wait(be->ctx, zf.cpu.master);
                 cudaCheck(cudaDeviceSynchronize());
                 best = std::min(best, now_ms() - t0);
             }

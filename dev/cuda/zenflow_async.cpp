@@ -71,8 +71,8 @@ static void lazy_check_upload(LazyDevice* dev, const char* where) {
     }
 }
 
-static void lazy_column_scores(void* ctx, const ZfMatrix* mat, float* scores) {
-    cpu_column_scores(&((LazyDevice*)ctx)->cpu, mat, scores);
+static void lazy_column_scores(void* ctx, const ZenFlow* zf, float* scores) {
+    cpu_column_scores(&((LazyDevice*)ctx)->cpu, zf, scores);
 }
 static void lazy_selection_changed(void* ctx, const ZenFlow* zf) { cpu_selection_changed(&((LazyDevice*)ctx)->cpu, zf); }
 static void lazy_zero_grads(void* ctx, const ZenFlow* zf, int all) { cpu_zero_grads(&((LazyDevice*)ctx)->cpu, zf, all); }
@@ -99,13 +99,13 @@ static void lazy_moments_from_host(void* ctx, const ZenFlow* zf, const float* m,
 // land at host_wait
 static void lazy_grads_to_host(void* ctx, const ZenFlow* zf, float* host, int group) {
     LazyDevice* dev = (LazyDevice*)ctx;
-    std::vector<float> data(zf->cpu_elems);
+    std::vector<float> data(zf->own.cpu_elems);
     cpu_grads_to_host(&dev->cpu, zf, data.data(), group);
     std::lock_guard<std::mutex> lock(dev->mu);
     int count;
     const int* mats = zf_group(zf, group, &count);
     for (int k = 0; k < count; k++) {
-        const ZfMatrix* mat = &zf->matrices[mats[k]];
+        const ZfMatrix* mat = &zf->own.matrices[mats[k]];
         size_t at = mat->cpu_offset, n = (size_t)(mat->cols - mat->n_sel) * mat->rows;
         if (dev->late) {
             dev->to_host[host].push_back({at, std::vector<float>(data.begin() + at, data.begin() + at + n)});
@@ -147,9 +147,9 @@ static void lazy_params_prefetch(void* ctx, const ZenFlow* zf, const float* host
     dev->upload_host = host;
     dev->upload_read = 0;
     dev->upload_done = 0;
-    dev->cpu_elems = zf->cpu_elems;
+    dev->cpu_elems = zf->own.cpu_elems;
     if (!dev->late) {
-        dev->upload.assign(host, host + zf->cpu_elems);
+        dev->upload.assign(host, host + zf->own.cpu_elems);
         dev->upload_read = dev->upload_done = 1;
     }
 }
@@ -190,14 +190,14 @@ static void lazy_params_from_host(void* ctx, const ZenFlow* zf, const float* hos
             data = dev->upload;  // prefetched (early, or read at a host_wait)
         } else {
             lazy_check_upload(dev, "apply of a new upload");
-            data.assign(host, host + zf->cpu_elems);  // read now: the latest moment
+            data.assign(host, host + zf->own.cpu_elems);  // read now: the latest moment
             dev->upload_host = host;
             dev->upload = data;
             dev->upload_read = 1;
             dev->upload_done = !dev->late;  // late: still reading until a host_wait
-            dev->cpu_elems = zf->cpu_elems;
+            dev->cpu_elems = zf->own.cpu_elems;
         }
-        if (group < 0 || group == zf->num_groups - 1) { dev->prefetched = 0; }  // its last part
+        if (group < 0 || group == zf->own.num_groups - 1) { dev->prefetched = 0; }  // its last part
     }
     cpu_params_from_host(&dev->cpu, zf, data.data(), group);
 }
@@ -248,13 +248,14 @@ static Run run(const char* dir, const ZfCase* c, ZfConfig z, int kind, const cha
     case_open(dir, &c->s, &model, &loader);
     ZenFlow zf;
     LazyDevice* dev = new LazyDevice;
+    z.pipeline = pipeline;
+    z.selection_log = sel_path;
     if (kind == PLAIN) {
         zf_cpu_init(&zf, &dev->cpu, &model, z);
     } else {
         lazy_init(&zf, dev, &model, z, kind == LATE);
     }
-    if (sel_path != NULL) { zf.selection_log = fopenCheck(sel_path, "w"); }
-    zf.pipeline = pipeline;
+    z.selection_log = NULL;  // (a resumed ZenFlow goes on with this one's log)
     model.zf = pipeline ? &zf : NULL;
     Run out;
     g_steps_done.store(0);
@@ -264,7 +265,8 @@ static Run run(const char* dir, const ZfCase* c, ZfConfig z, int kind, const cha
             FILE* fp = tmpfile();
             zf_save_state(&zf, fp, "checkpoint test");
             std::vector<float> params(model.params_memory, model.params_memory + model.num_parameters);
-            FILE* log = zf.selection_log;
+            FILE* log = zf.stats.selection_log;
+            zf.stats.selection_log = NULL;
             zf_wait(&zf);
             lazy_check_upload(dev, "checkpoint");
             zf_cpu_free(&zf, &dev->cpu);
@@ -277,8 +279,7 @@ static Run run(const char* dir, const ZfCase* c, ZfConfig z, int kind, const cha
             } else {
                 lazy_init(&zf, dev, &model, z, kind == LATE);
             }
-            zf.selection_log = log;
-            zf.pipeline = pipeline;
+            zf.stats.selection_log = log;
             rewind(fp);
             zf_load_state(&zf, fp, "checkpoint test");
             fclose(fp);
@@ -288,9 +289,8 @@ static Run run(const char* dir, const ZfCase* c, ZfConfig z, int kind, const cha
     }
     zf_drain(&zf);
     out.params.assign(model.params_memory, model.params_memory + model.num_parameters);
-    out.groups_out = zf.groups_out;
-    out.groups_in = zf.groups_in;
-    if (zf.selection_log != NULL) { fclose(zf.selection_log); }
+    out.groups_out = zf.pipe.groups_out;
+    out.groups_in = zf.pipe.groups_in;
     zf_wait(&zf);
     lazy_check_upload(dev, "end of the run");
     zf_cpu_free(&zf, &dev->cpu);

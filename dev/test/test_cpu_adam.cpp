@@ -203,10 +203,14 @@ static void test_accumulate() {
             std::vector<float> acc(n), g(n), ref;
             for (size_t i = 0; i < n; i++) acc[i] = rnd_grad();
             ref = acc;
-            for (int rep = 0; rep < 3; rep++) {
+            for (int rep = 0; rep < 3; rep++) {  // a window's first step (A = 0 + g), then two more
                 for (size_t i = 0; i < n; i++) g[i] = rnd_grad();
-                for (size_t i = 0; i < n; i++) { volatile float s = ref[i] + g[i]; ref[i] = s; }
-                zf_cpu_accumulate(acc.data(), g.data(), n);
+                if (n > 0) g[n / 2] = -0.0f;  // 0 + -0 is +0: the first step is not a copy
+                for (size_t i = 0; i < n; i++) {
+                    volatile float s = (rep == 0 ? 0.0f : ref[i]) + g[i];
+                    ref[i] = s;
+                }
+                zf_cpu_accumulate(acc.data(), g.data(), n, rep == 0);
             }
             bool ok = same_bits(acc, ref);
             if (!ok || nt == 1) check(ok, "accumulate n=%zu threads=%d", n, nt);
@@ -357,7 +361,7 @@ static std::vector<float> run_pipeline(bool background, size_t n, int windows, i
         for (int k = 0; k < U; k++, t++) {
             std::vector<float> g(n);  // a "gradient" that depends on the stale copy
             for (size_t i = 0; i < n; i++) g[i] = gpu[i] * 0.5f + 0.001f * (float)((i + t) % 13) - 0.006f;
-            zf_cpu_accumulate(A.data(), g.data(), n);
+            zf_cpu_accumulate(A.data(), g.data(), n, 0);
             out.insert(out.end(), gpu.begin(), gpu.end());
         }
         jobs[w] = AdamJob{p.data(), m.data(), v.data(), A.data(), U, t, n};

@@ -44,16 +44,15 @@ static std::vector<float> run(const char* dir, const ZfCase* c, ZfConfig z, cons
     case_open(dir, &c->s, &model, &loader);
     ZenFlow zf;
     CpuDevice device;
+    z.pipeline = pipeline;
+    z.selection_log = sel_path;
     zf_cpu_init(&zf, &device, &model, z);
-    zf.pipeline = pipeline;
     model.zf = &zf;
-    if (sel_path != NULL) { zf.selection_log = fopenCheck(sel_path, "w"); }
     std::vector<float> losses;
     for (int t = 0; t < c->s.steps; t++) {
         losses.push_back(zf_train_step(&model, &loader, &zf, t, case_hyper(&c->s), gpt2_backward));
     }
     zf_drain(&zf);
-    if (zf.selection_log != NULL) { fclose(zf.selection_log); }
     zf_cpu_free(&zf, &device);
     dataloader_free(&loader);
     gpt2_free(&model);
