@@ -314,7 +314,7 @@ static void zf_group_range(const ZfCudaDevice* dev, const ZenFlow* zf, int group
     *s0 = group < 0 ? 0 : zf->own.group_start[group];
     *s1 = group < 0 ? dev->num_sets : zf->own.group_start[group + 1];
     size_t end = *s1 < dev->num_sets ? dev->cpu_tiles.h_sets[*s1].packed_offset : zf->own.cpu_elems;
-    *at = dev->cpu_tiles.h_sets[*s0].packed_offset;
+    *at = *s0 < *s1 ? dev->cpu_tiles.h_sets[*s0].packed_offset : end;  // (a group without matrices: none)
     *n = end - *at;
 }
 

@@ -1027,7 +1027,7 @@ static inline void zf_init_ownership(ZfOwnership* own, const GPT2Config* model) 
             mat.offset = offset + l * s.rows * s.cols;
             mat.rows = (int)s.rows;
             mat.cols = (int)s.cols;
-            mat.layer = s.count == 1 ? -1 : (int)l;
+            mat.layer = i < 2 ? -1 : (int)l;  // (wte and wpe are tensors 0 and 1)
             mat.first_col = own->total_cols;
             own->total_cols += mat.cols;
             mat.cols_by_owner = (int*)mallocCheck(s.cols * sizeof(int));
