@@ -89,6 +89,8 @@ skip_test() {
 REFS="dev/test/ref/tiny dev/test/ref/vocab"
 ZF_REFS="dev/test/ref/zf_a dev/test/ref/zf_b dev/test/ref/zf_c dev/test/ref/zf_d dev/test/ref/zf_e dev/test/ref/zf_v dev/test/ref/zf_f dev/test/ref/zf_g dev/test/ref/zf_h"
 
+# the README's reading path: its stated line counts are the ones its ranges cover
+run_test reading_path "$PYTHON" dev/reading_path.py --check
 run_test tokenizer "$PYTHON" dev/test/test_tokenizer.py
 run_test reference "$PYTHON" dev/test/test_reference.py
 run_test zenflow_reference "$PYTHON" dev/test/test_zenflow_reference.py
