@@ -464,38 +464,6 @@ void softmax_crossentropy_backward(float* dlogits,                        // (B,
 // ----------------------------------------------------------------------------
 // the model: parameters, gradients, activations
 
-typedef struct {
-    float* wte;       // (Vp, C)
-    float* wpe;       // (maxT, C)
-    float* ln1w;      // (L, C)
-    float* ln1b;      // (L, C)
-    float* qkvw;      // (L, 3C, C)
-    float* qkvb;      // (L, 3C)
-    float* attprojw;  // (L, C, C)
-    float* attprojb;  // (L, C)
-    float* ln2w;      // (L, C)
-    float* ln2b;      // (L, C)
-    float* fcw;       // (L, 4C, C)
-    float* fcb;       // (L, 4C)
-    float* fcprojw;   // (L, C, 4C)
-    float* fcprojb;   // (L, C)
-    float* lnfw;      // (C)
-    float* lnfb;      // (C)
-} ParameterTensors;
-
-// points the 16 tensors into one buffer, in file order
-void point_parameters(ParameterTensors* p, const GPT2Config* c, float* memory) {
-    size_t sizes[NUM_PARAMETER_TENSORS];
-    gpt2_param_sizes(c, sizes);
-    float** ptrs[NUM_PARAMETER_TENSORS] = {
-        &p->wte,  &p->wpe,  &p->ln1w, &p->ln1b, &p->qkvw,    &p->qkvb,    &p->attprojw, &p->attprojb,
-        &p->ln2w, &p->ln2b, &p->fcw,  &p->fcb,  &p->fcprojw, &p->fcprojb, &p->lnfw,     &p->lnfb};
-    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
-        *ptrs[i] = memory;
-        memory += sizes[i];
-    }
-}
-
 #define NUM_ACTIVATION_TENSORS 23
 typedef struct {
     float* encoded;    // (B, T, C)
@@ -1042,16 +1010,6 @@ void scores_write(FILE* fp, ZenFlow* zf, int step) {
 
 // ----------------------------------------------------------------------------
 // sampling
-
-// index drawn from the probabilities (sum to 1) with a uniform coin in [0, 1)
-int sample_mult(const float* probs, int n, float coin) {
-    float cdf = 0.0f;
-    for (int i = 0; i < n; i++) {
-        cdf += probs[i];
-        if (coin < cdf) { return i; }
-    }
-    return n - 1;  // rounding left the cdf just below 1
-}
 
 // generates `steps` tokens after <|endoftext|> and prints them
 void gpt2_sample(GPT2* model, const Tokenizer* tok, int eot, int steps, uint64_t* rng) {

@@ -46,41 +46,6 @@ without it nvcc fuses multiply-adds and AdamW is no longer spec 3.1 to the bit.
 #include "zenflow.cuh"
 
 // ----------------------------------------------------------------------------
-// the model: parameters and gradients (device), in the file layout
-
-typedef struct {
-    float* wte;       // (Vp, C)
-    float* wpe;       // (maxT, C)
-    float* ln1w;      // (L, C)
-    float* ln1b;      // (L, C)
-    float* qkvw;      // (L, 3C, C)
-    float* qkvb;      // (L, 3C)
-    float* attprojw;  // (L, C, C)
-    float* attprojb;  // (L, C)
-    float* ln2w;      // (L, C)
-    float* ln2b;      // (L, C)
-    float* fcw;       // (L, 4C, C)
-    float* fcb;       // (L, 4C)
-    float* fcprojw;   // (L, C, 4C)
-    float* fcprojb;   // (L, C)
-    float* lnfw;      // (C)
-    float* lnfb;      // (C)
-} ParameterTensors;
-
-// points the 16 tensors into one buffer, in file order
-static void point_parameters(ParameterTensors* p, const GPT2Config* c, float* memory) {
-    size_t sizes[NUM_PARAMETER_TENSORS];
-    gpt2_param_sizes(c, sizes);
-    float** ptrs[NUM_PARAMETER_TENSORS] = {
-        &p->wte,  &p->wpe,  &p->ln1w, &p->ln1b, &p->qkvw,    &p->qkvb,    &p->attprojw, &p->attprojb,
-        &p->ln2w, &p->ln2b, &p->fcw,  &p->fcb,  &p->fcprojw, &p->fcprojb, &p->lnfw,     &p->lnfb};
-    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
-        *ptrs[i] = memory;
-        memory += sizes[i];
-    }
-}
-
-// ----------------------------------------------------------------------------
 // activations: what the forward pass keeps for the backward pass (one buffer)
 
 #define NUM_ACTIVATION_TENSORS 18
@@ -161,7 +126,7 @@ static float* point_scratch(ScratchTensors* s, const size_t sizes[NUM_SCRATCH_TE
 typedef struct {
     GPT2Config config;
     size_t num_parameters;
-    ParameterTensors params, grads;  // device pointers into the two buffers below
+    ParameterTensors params, grads;  // device pointers into the two buffers below (llmc/gpt2_file.h)
     float* params_memory;            // (num_parameters) device
     float* grads_memory;             // (num_parameters) device
     float* adam_m;                   // (num_parameters) device, gpt2_update's first moment
@@ -480,16 +445,6 @@ void gpt2_copy_params_to_host(const GPT2* model, float* out) {
 // ----------------------------------------------------------------------------
 // main training loop
 #ifndef TESTING
-
-// index drawn from the probabilities (sum to 1) with a uniform coin in [0, 1)
-static int sample_mult(const float* probs, int n, float coin) {
-    float cdf = 0.0f;
-    for (int i = 0; i < n; i++) {
-        cdf += probs[i];
-        if (coin < cdf) { return i; }
-    }
-    return n - 1;  // rounding left the cdf just below 1
-}
 
 // generates `steps` tokens after <|endoftext|> and prints them; the softmax of the one row
 // we need is done on the host (as the CPU trainer computes it)

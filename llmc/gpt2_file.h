@@ -84,6 +84,40 @@ static inline const char* gpt2_first_nonfinite_tensor(const GPT2Config* c, const
     return NULL;
 }
 
+// the 16 parameter tensors (or their gradients) as pointers into one buffer in file order,
+// as both trainers and llm.c keep them
+typedef struct {
+    float* wte;       // (Vp, C)
+    float* wpe;       // (maxT, C)
+    float* ln1w;      // (L, C)
+    float* ln1b;      // (L, C)
+    float* qkvw;      // (L, 3C, C)
+    float* qkvb;      // (L, 3C)
+    float* attprojw;  // (L, C, C)
+    float* attprojb;  // (L, C)
+    float* ln2w;      // (L, C)
+    float* ln2b;      // (L, C)
+    float* fcw;       // (L, 4C, C)
+    float* fcb;       // (L, 4C)
+    float* fcprojw;   // (L, C, 4C)
+    float* fcprojb;   // (L, C)
+    float* lnfw;      // (C)
+    float* lnfb;      // (C)
+} ParameterTensors;
+
+// points the 16 tensors into one buffer, in file order
+static inline void point_parameters(ParameterTensors* p, const GPT2Config* c, float* memory) {
+    size_t sizes[NUM_PARAMETER_TENSORS];
+    gpt2_param_sizes(c, sizes);
+    float** ptrs[NUM_PARAMETER_TENSORS] = {
+        &p->wte,  &p->wpe,  &p->ln1w, &p->ln1b, &p->qkvw,    &p->qkvb,    &p->attprojw, &p->attprojb,
+        &p->ln2w, &p->ln2b, &p->fcw,  &p->fcb,  &p->fcprojw, &p->fcprojb, &p->lnfw,     &p->lnfb};
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+        *ptrs[i] = memory;
+        memory += sizes[i];
+    }
+}
+
 static inline size_t gpt2_num_params(const GPT2Config* c) {
     size_t sizes[NUM_PARAMETER_TENSORS];
     gpt2_param_sizes(c, sizes);

@@ -191,4 +191,14 @@ static inline float random_f32(uint64_t* state) {
     return (random_u32(state) >> 8) / 16777216.0f;
 }
 
+// index drawn from the probabilities (sum to 1) with a uniform coin in [0, 1), as llm.c samples
+static inline int sample_mult(const float* probs, int n, float coin) {
+    float cdf = 0.0f;
+    for (int i = 0; i < n; i++) {
+        cdf += probs[i];
+        if (coin < cdf) { return i; }
+    }
+    return n - 1;  // rounding left the cdf just below 1
+}
+
 #endif  // LLMC_UTILS_H
