@@ -27,6 +27,7 @@ orchestration (zenflow.h), whose device side this file provides (the CPU backend
 #include "llmc/checkpoint.h"
 #include "llmc/dataloader.h"
 #include "llmc/gpt2_file.h"
+#include "llmc/gpu_memory.h"
 #include "llmc/tokenizer.h"
 #include "llmc/utils.h"
 
@@ -1133,10 +1134,17 @@ int main(int argc, char* argv[]) {
            "%s, accumulation on the %s, transfers %s\n", zf_mode_names[zcfg.mode], zcfg.topk,
            interval, zcfg.select_interval, zcfg.warmup, zcfg.overlap ? "on" : "off",
            zf_accumulate_names[zcfg.accumulate], zf.pipeline ? "per layer" : "whole");
-    printf("[memory] CPU side (master, m, v, accumulators, staging, migration) %.1f MiB, "
-           "GPU-side moments %.1f MiB (their share in zenflow.cuh's packed layout)\n",
-           zf_host_bytes(&zf.cfg, zf.cpu_capacity, zf.vector_elems + zf.gpu_capacity) / 1048576.0,
-           2.0 * (zf.vector_elems + zf.gpu_capacity) * 4 / 1048576.0);
+    printf("[memory] CPU side (master, m, v, accumulators, staging, migration) %.1f MiB\n",
+           zf_host_bytes(&zf.cfg, zf.cpu_capacity, zf.vector_elems + zf.gpu_capacity) / 1048576.0);
+    // what the CUDA trainer would allocate on a GPU in this mode (llmc/gpu_memory.h)
+    GpuMemorySplit split = {zf.vector_elems, zf.gpu_capacity, zf.cpu_capacity, zcfg.overlap,
+                            zcfg.update_interval == ZF_AUTO};
+    size_t gpu_bytes[GPU_MEM_PARTS];
+    gpu_memory_formula(cfg, B, T, split, gpu_bytes);
+    char heading[160];
+    snprintf(heading, sizeof(heading), "GPU memory the CUDA trainer would take in %s mode at B=%d T=%d:",
+             zf_mode_names[zcfg.mode], B, T);
+    gpu_memory_print(gpu_bytes, heading);
     ZfAdamHyper hyper = {lr, 0.9f, 0.95f, 1e-8f, weight_decay};
     if (args.trace_path != NULL) {
         trace_open(args.trace_path, args.trace_first, args.trace_first + args.trace_steps - 1);
