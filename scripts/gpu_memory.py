@@ -145,9 +145,11 @@ def table():
         C, NH = GPT2_SIZES[L]
         p = gpu_memory(L, C, NH, 50257, 1024, 1, 1024, "zenflow")
         a = gpu_memory(L, C, NH, 50257, 1024, 1, 1024, "adamw")
-        print(f"{GPT2_NAMES[L]}: parameters {p['parameters'] / 1e9:.2f} GB, adamw's moments "
+        b4 = gpu_memory(L, C, NH, 50257, 1024, 4, 1024, "adamw")["activations"]
+        print(f"- {GPT2_NAMES[L]}: parameters {p['parameters'] / 1e9:.2f} GB, adamw's moments "
               f"{a['moments (m, v)'] / 1e9:.2f} GB, zenflow's moments {p['moments (m, v)'] / 1e9:.2f} GB and "
-              f"staging {p['staging'] / 1e9:.2f} GB, activations at B=1 {p['activations'] / 1e9:.2f} GB")
+              f"staging {p['staging'] / 1e9:.2f} GB; activations at B=1 {p['activations'] / 1e9:.2f} GB, "
+              f"at B=4 {b4 / 1e9:.2f} GB")
 
 
 def main():
