@@ -250,25 +250,26 @@ def newest_model(src):
 
 
 def read_model(path):
-    data = path.read_bytes()
-    if len(data) < 1024:
-        raise ConvertError(f"{path}: too short to be a model file ({len(data)} bytes)")
-    header = struct.unpack("<8i", data[:32])
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        header = struct.unpack("<8i", f.read(32)) if size >= 1024 else None
+    if header is None:
+        raise ConvertError(f"{path}: too short to be a model file ({size} bytes)")
     if header[0] != MODEL_MAGIC or header[1] != MODEL_VERSION:
         raise ConvertError(f"{path}: magic {header[0]} version {header[1]}, not an llm.c fp32 model file "
                            f"({MODEL_MAGIC}, {MODEL_VERSION})")
     maxT, V, L, NH, C, Vp = header[2:8]
     want = shapes(L, C, V, maxT)
     n = sum(int(np.prod(s)) for s in want)
-    if Vp != pad_vocab(V) or len(data) != 1024 + 4 * n:
-        raise ConvertError(f"{path}: {len(data)} bytes, the header's shape needs {1024 + 4 * n} (hint: "
+    if Vp != pad_vocab(V) or size != 1024 + 4 * n:
+        raise ConvertError(f"{path}: {size} bytes, the header's shape needs {1024 + 4 * n} (hint: "
                            f"truncated or corrupt file)")
-    flat = np.frombuffer(data, dtype="<f4", offset=1024)
+    flat = np.fromfile(path, dtype="<f4", offset=1024)
     arrays, at = [], 0
     for s in want:
-        size = int(np.prod(s))
-        arrays.append(flat[at:at + size].reshape(s))
-        at += size
+        count = int(np.prod(s))
+        arrays.append(flat[at:at + count].reshape(s))
+        at += count
     return (L, C, NH, V, maxT), arrays
 
 
