@@ -35,7 +35,7 @@ CUDA_ARCH ?= $(CUDA_ARCH_DEFAULT)
 NVCCFLAGS ?= -O3 -std=c++17 -fmad=false $(CUDA_ARCH) -Xcompiler -Wall,-fopenmp,-ffp-contract=off
 NVCC_LDLIBS = -lcublasLt -lgomp -lpthread
 
-CPU_BINS = train_gpt2cpu test_gpt2cpu test_zenflow test_cpu_adam zenflow_async sim_stall
+CPU_BINS = train_gpt2cpu test_gpt2cpu forward_gpt2cpu test_zenflow test_cpu_adam zenflow_async sim_stall
 TSAN_BINS = test_cpu_adam_tsan test_zenflow_tsan train_gpt2cpu_tsan
 ASAN_BINS = test_gpt2cpu_asan test_zenflow_asan train_gpt2cpu_asan
 ifneq ($(NVCC_FOUND),)
@@ -57,6 +57,10 @@ train_gpt2cpu: train_gpt2.cpp cpu_adam.o $(HEADERS)
 	$(CXX) $(CXXFLAGS) $< cpu_adam.o -o $@ $(LDLIBS)
 
 test_gpt2cpu: dev/test/test_gpt2.cpp dev/test/test_common.h train_gpt2.cpp cpu_adam.o $(HEADERS)
+	$(CXX) $(CXXFLAGS) $< cpu_adam.o -o $@ $(LDLIBS)
+
+# the forward pass on one batch, logits and loss to a file (dev/test/test_hf.py against transformers)
+forward_gpt2cpu: dev/test/forward_gpt2.cpp train_gpt2.cpp cpu_adam.o $(HEADERS)
 	$(CXX) $(CXXFLAGS) $< cpu_adam.o -o $@ $(LDLIBS)
 
 test_zenflow: dev/test/test_zenflow.cpp dev/test/test_common.h train_gpt2.cpp cpu_adam.o $(HEADERS)

@@ -27,6 +27,7 @@ orchestration (zenflow.h), whose device side this file provides (the CPU backend
 #include "llmc/checkpoint.h"
 #include "llmc/dataloader.h"
 #include "llmc/gpt2_file.h"
+#include "llmc/gpu_memory.h"
 #include "llmc/tokenizer.h"
 #include "llmc/utils.h"
 
@@ -1094,9 +1095,16 @@ int main(int argc, char* argv[]) {
     model.zf = &zf;
     zf_print_config(&zf);
     printf("[memory] CPU side (master, m, v, accumulators, landing, migration) %.1f MiB of %.1f MiB "
-           "available (%s); GPU-side moments %.1f MiB (their share in zenflow.cuh's packed layout)\n",
-           zf.stats.host_need_mib, zf.stats.host_available_mib, zf.stats.host_source,
-           2.0 * (zf.own.vector_elems + zf.own.gpu_capacity) * 4 / 1048576.0);
+           "available (%s)\n", zf.stats.host_need_mib, zf.stats.host_available_mib, zf.stats.host_source);
+    // what the CUDA trainer would allocate on a GPU in this mode (llmc/gpu_memory.h)
+    GpuMemorySplit split = {zf.own.vector_elems, zf.own.gpu_capacity, zf.own.cpu_capacity, zcfg.overlap,
+                            zcfg.update_interval == ZF_AUTO};
+    size_t gpu_bytes[GPU_MEM_PARTS];
+    gpu_memory_formula(cfg, B, T, split, gpu_bytes);
+    char heading[160];
+    snprintf(heading, sizeof(heading), "GPU memory the CUDA trainer would take in %s mode at B=%d T=%d:",
+             zf_mode_names[zcfg.mode], B, T);
+    gpu_memory_print(gpu_bytes, heading);
     ZfAdamHyper hyper = {lr, 0.9f, 0.95f, 1e-8f, weight_decay};
     if (args.trace_path != NULL) {
         trace_open(args.trace_path, args.trace_first, args.trace_first + args.trace_steps - 1);

@@ -475,22 +475,19 @@ static void gpt2_sample(GPT2* model, const Tokenizer* tok, int eot, int steps, u
     free(tokens);
 }
 
-// what lives where, for the chosen mode (GPU and host), in MiB
-static void print_memory_table(const GPT2* model, const ZfCudaDevice* dev, const ZenFlow* zf) {
-    const double MiB = 1048576.0;
-    double params = model->num_parameters * sizeof(float) / MiB;
-    double acts = model->num_activations * sizeof(float) / MiB;
-    double scratch = model->num_scratch * sizeof(float) / MiB + CUBLASLT_WORKSPACE_BYTES / MiB;
+// the GPU memory of each part, as cuda_malloc counted it (llmc/gpu_memory.h), and ZenFlow's host side
+static void print_memory_table(const GPT2* model, const ZenFlow* zf) {
+    char heading[160];
+    snprintf(heading, sizeof(heading), "GPU memory in %s mode at B=%d T=%d, counted at each cudaMalloc:",
+             zf_mode_names[zf->cfg.mode], model->batch_size, model->seq_len);
+    gpu_memory_print(cuda_malloc_bytes, heading);
     size_t free_bytes = 0, total_bytes = 0;
     cudaCheck(cudaMemGetInfo(&free_bytes, &total_bytes));
-    printf("[memory] GPU %-34s %10.1f MiB\n", "parameters", params);
-    printf("[memory] GPU %-34s %10.1f MiB\n", "gradients", params);
-    zf_cuda_print_memory(dev, zf);
-    printf("[memory] GPU %-34s %10.1f MiB  (B=%d T=%d)\n", "activations", acts, model->batch_size,
-           model->seq_len);
-    printf("[memory] GPU %-34s %10.1f MiB  (incl. 32 MiB cuBLASLt workspace)\n", "scratch", scratch);
-    printf("[memory] GPU %-34s %10.1f MiB  (device: %.1f MiB free of %.1f)\n", "in use",
-           (total_bytes - free_bytes) / MiB, free_bytes / MiB, total_bytes / MiB);
+    printf("[memory] device in use %.1f MiB (%zu bytes, with the CUDA context's), free %.1f MiB of %.1f\n",
+           (total_bytes - free_bytes) / 1048576.0, total_bytes - free_bytes, free_bytes / 1048576.0,
+           total_bytes / 1048576.0);
+    printf("[memory] CPU side (master, m, v, accumulators, landing, migration) %.1f MiB of %.1f MiB available (%s)\n",
+           zf->stats.host_need_mib, zf->stats.host_available_mib, zf->stats.host_source);
 }
 
 // After step s: the step line, main.log's trl: line, and -zm's CSV row
@@ -577,7 +574,7 @@ int main(int argc, char* argv[]) {
     printf("[optimizer] matrix elements M = %zu: the CPU owns %zu after the first selection, the GPU %zu\n",
            zf.own.matrix_elems, zf.own.cpu_capacity, zf.own.gpu_capacity);
     gpt2_allocate(&model, B, T);
-    print_memory_table(&model, &device, &zf);
+    print_memory_table(&model, &zf);
 
     FILE* logfile = NULL;
     if (output_dir != NULL) {

@@ -888,24 +888,6 @@ static void zf_cuda_free(ZenFlow* zf, ZfCudaDevice* dev) {
     memset(dev, 0, sizeof(*dev));
 }
 
-// the ZenFlow lines of the trainer's memory table (MiB)
-static void zf_cuda_print_memory(const ZfCudaDevice* dev, const ZenFlow* zf) {
-    const double MiB = 1048576.0;
-    size_t g = zf->own.vector_elems + zf->own.gpu_capacity, c = zf->own.cpu_capacity;
-    printf("[memory] GPU %-34s %10.1f MiB  (m, v of the vectors + k of every matrix)\n", "optimizer state",
-           2.0 * g * sizeof(float) / MiB);
-    printf("[memory] GPU %-34s %10.1f MiB\n", "transfer staging", dev->staging_bytes / MiB);
-    printf("[memory] host %-33s %10.1f MiB  (the CPU-owned elements)\n", "master + m + v",
-           3.0 * c * sizeof(float) / MiB);
-    size_t landing = (zf->landing.buf[0] != NULL) + (zf->landing.buf[1] != NULL);
-    printf("[memory] host %-33s %10.1f MiB  (pinned %.1f MiB)\n", "accumulators + landing",
-           (2.0 + landing) * c * sizeof(float) / MiB, dev->pinned_bytes / MiB);
-    printf("[memory] host %-33s %10.1f MiB  (used at reselections and checkpoints)\n", "migration scratch",
-           (2.0 * c + 5.0 * g) * sizeof(float) / MiB);
-    printf("[memory] host %-33s %10.1f MiB  (of %.1f MiB available: %s)\n", "ZenFlow in all", zf->stats.host_need_mib,
-           zf->stats.host_available_mib, zf->stats.host_source);
-}
-
 // ============================================================================
 // Stall and step measurement (spec 8)
 // ============================================================================

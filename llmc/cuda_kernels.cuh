@@ -35,6 +35,7 @@ Naming: B batch, T time, C channels, NH heads, hs = C/NH, L layers, V vocab, Vp 
 #include <stdint.h>
 
 #include "adamw.h"
+#include "gpu_memory.h"
 #include "utils.h"
 
 // ----------------------------------------------------------------------------
@@ -59,7 +60,10 @@ static inline void cublas_check(cublasStatus_t status, const char* call, const c
 }
 #define cublasCheck(call) cublas_check((call), #call, __FILE__, __LINE__)
 
-// cudaMalloc that names what did not fit and how much memory was left
+// what cuda_malloc has allocated, by part (llmc/gpu_memory.h: the label says which)
+static size_t cuda_malloc_bytes[GPU_MEM_PARTS];
+
+// cudaMalloc that names what did not fit and how much memory was left, and counts the bytes
 static inline float* cuda_malloc_check(size_t bytes, const char* what, const char* file, int line) {
     void* ptr = NULL;
     cudaError_t err = cudaMalloc(&ptr, bytes);
@@ -72,6 +76,7 @@ static inline float* cuda_malloc_check(size_t bytes, const char* what, const cha
                 bytes / 1048576.0, what, cudaGetErrorString(err), free_bytes / 1048576.0,
                 total_bytes / 1048576.0, file, line);
     }
+    cuda_malloc_bytes[gpu_memory_part(what)] += bytes;
     return (float*)ptr;
 }
 #define cuda_malloc(bytes, what) cuda_malloc_check(bytes, what, __FILE__, __LINE__)

@@ -194,7 +194,7 @@ for model in $MODELS; do
             continue
         fi
         # averages over the measured steps; the optimizer state and M from the log
-        opt_mib=$(sed -n 's/^\[memory\] GPU optimizer state *\([0-9.]*\) MiB.*/\1/p' "$log" | head -1)
+        opt_mib=$(sed -n 's/^\[memory\] GPU moments (m, v) *\([0-9.]*\) MiB.*/\1/p' "$log" | head -1)
         M=$(sed -n 's/^\[optimizer\] matrix elements M = \([0-9]*\):.*/\1/p' "$log" | head -1)
         awk -F, -v w="$WARMUP" -v model="$model" -v mode="$mode" -v opt="${opt_mib:-nan}" -v M="${M:-0}" '
             NR > 1 && $1 > w { n++; ms += $3; comp += $5; stall += $6; cpu += $7; d2h += $8; h2d += $9 }

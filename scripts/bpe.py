@@ -103,16 +103,20 @@ class Tokenizer:
             parts = merged
         return parts
 
+    def encode_word(self, word):
+        """The ids of one pre-token (a match of the split pattern)."""
+        cached = self.cache.get(word)
+        if cached is None:
+            mapped = "".join(self.byte_encoder[b] for b in word.encode("utf-8"))
+            cached = [self.encoder[piece] for piece in self._bpe(mapped)]
+            self.cache[word] = cached
+        return cached
+
     def encode_ordinary(self, text):
         """Encode text with no special tokens: "<|endoftext|>" is just 7 ordinary tokens."""
         ids = []
         for word in self.pattern.findall(text):
-            cached = self.cache.get(word)
-            if cached is None:
-                mapped = "".join(self.byte_encoder[b] for b in word.encode("utf-8"))
-                cached = [self.encoder[piece] for piece in self._bpe(mapped)]
-                self.cache[word] = cached
-            ids.extend(cached)
+            ids.extend(self.encode_word(word))
         return ids
 
     def encode(self, text, allowed_special=frozenset()):

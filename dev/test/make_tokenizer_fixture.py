@@ -1,6 +1,6 @@
 """
 Generate dev/test/tokenizer_cases.json, the expected outputs that dev/test/test_tokenizer.py
-checks our own BPE (scripts/bpe.py) against. The expectations come from an independent
+and dev/test/test_prepare_text.py check our own BPE (scripts/bpe.py) against. The expectations come from an independent
 implementation, OpenAI's tiktoken, so that a bug in bpe.py cannot hide in its own fixture.
 
 tiktoken cannot download its BPE files on offline machines, so we build its GPT-2 encoding
@@ -10,7 +10,9 @@ the (sha256-checked) input files.
 
 Also recorded: the tinyshakespeare shards and gpt2_tokenizer.bin exactly as llm.c's
 dev/data/tinyshakespeare.py and train_gpt2.py produce them with tiktoken (their token
-counts and sha256), so the test can check that our prep is byte-identical to llm.c's.
+counts and sha256), so the test can check that our prep is byte-identical to llm.c's; and
+the token stream scripts/prepare_text.py must write for a few small files and for
+tinyshakespeare.txt as one document.
 
 Needs tiktoken, which is NOT a project dependency; only for regenerating the fixture:
     python3 -m pip install tiktoken       # e.g. into a venv or the pyenv python
@@ -61,6 +63,31 @@ CASES = [
     ("eot between documents", "First doc.<|endoftext|>Second doc.\n\n<|endoftext|>"),
     ("empty string", ""),
 ]
+
+# scripts/prepare_text.py's test input (dev/test/test_prepare_text.py): the files, in the order
+# given to it, each with its documents (a .jsonl file has one a line, as {"id": i, "text": doc})
+PREPARE_TEXT_FILES = [
+    ("notes.txt", ["Café naïve résumé, déjà vu — I'm sure they'll say we don't.\r\nWindows line ends\r\n"
+                   "  and <|endoftext|> written out is ordinary text.\n\n\n日本語のテキスト 🦙 👩‍👩‍👧\n"]),
+    ("docs.jsonl", ["First document.", "def f(x):\n    return x**2  # square\n",
+                    "   spaces, tabs\t\tand a\u00a0no-break space  "]),
+    ("numbers.txt", ["1234567 and 3.14159, 2024-05-20\n\n"]),
+]
+
+
+def prepare_text_reference(enc, eot, text_path):
+    """what prepare_text.py must write: for each document eot, then its ordinary encoding"""
+    ids = []
+    for _, docs in PREPARE_TEXT_FILES:
+        for doc in docs:
+            ids += [eot] + enc.encode_ordinary(doc)
+    with open(text_path, "rb") as f:  # tinyshakespeare.txt as one document
+        stream = [eot] + enc.encode_ordinary(f.read().decode("utf-8"))
+    stream = array("H", stream)
+    if sys.byteorder == "big":
+        stream.byteswap()  # the shards' ids are little-endian
+    return {"files": [{"name": name, "documents": docs} for name, docs in PREPARE_TEXT_FILES], "ids": ids,
+            "tinyshakespeare_tokens": len(stream), "tinyshakespeare_sha256": hashlib.sha256(stream.tobytes()).hexdigest()}
 
 
 def llmc_shard_bytes(tokens):
@@ -125,6 +152,7 @@ def main():
                  "its r50k split pattern. Do not edit by hand; rerun the script."),
         "cases": cases,
         "tinyshakespeare_llmc": reference,
+        "prepare_text": prepare_text_reference(enc, enc.eot_token, text_path),
     }
     OUT_PATH.parent.mkdir(parents=True, exist_ok=True)
     text = json.dumps(fixture, ensure_ascii=True, indent=1)

@@ -92,9 +92,12 @@ ZF_REFS="dev/test/ref/zf_a dev/test/ref/zf_b dev/test/ref/zf_c dev/test/ref/zf_d
 # the README's reading path: its stated line counts are the ones its ranges cover
 run_test reading_path "$PYTHON" dev/reading_path.py --check
 run_test tokenizer "$PYTHON" dev/test/test_tokenizer.py
+run_test prepare_text "$PYTHON" dev/test/test_prepare_text.py
 run_test reference "$PYTHON" dev/test/test_reference.py
 run_test zenflow_reference "$PYTHON" dev/test/test_zenflow_reference.py
 run_test test_gpt2cpu ./test_gpt2cpu $REFS
+# Hugging Face GPT-2 in and out (scripts/convert_hf.py) against transformers, offline
+run_test hf "$PYTHON" dev/test/test_hf.py ./forward_gpt2cpu ./train_gpt2cpu
 run_test test_zenflow ./test_zenflow $ZF_REFS
 # zenflow.cuh's copy/wait protocol with a stand-in device (no GPU needed)
 run_test zenflow_async ./zenflow_async $ZF_REFS
@@ -162,6 +165,8 @@ run_test emu_trainers_agree "$PYTHON" dev/test/test_trainers_agree.py ./train_gp
 run_test emu_resume env EMU_SCHEDULE=lazy "$PYTHON" dev/test/test_resume.py build/emu/train_gpt2cu dev/test/ref/tiny --kills 3
 run_test emu_bad_input "$PYTHON" dev/test/test_bad_input.py build/emu/train_gpt2cu --emulated-gpu
 run_test emu_trace env EMU_SCHEDULE=lazy "$PYTHON" dev/test/test_trace.py build/emu/train_gpt2cu dev/test/ref/tiny
+# the GPU memory both trainers print, part by part, against scripts/gpu_memory.py (docs/memory.md)
+run_test emu_gpu_memory "$PYTHON" dev/test/test_gpu_memory.py build/emu/train_gpt2cu ./train_gpt2cpu --emulated-gpu
 # PCIe bytes per step of every mode (bench_zenflow.sh on a small model) against the shapes
 run_test emu_pcie_bytes "$PYTHON" dev/test/test_pcie_bytes.py build/emu/train_gpt2cu --emulated-gpu
 # the side-by-side benchmark against llm.c's fp32 trainer, with stand-ins for both trainers
