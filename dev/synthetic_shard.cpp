@@ -16,11 +16,10 @@ int main(int argc, char** argv) {
     int header[256] = {SHARD_MAGIC, SHARD_VERSION, n};
     uint16_t* tokens = (uint16_t*)mallocCheck((size_t)n * sizeof(uint16_t));
     for (int i = 0; i < n; i++) { tokens[i] = (uint16_t)(random_u32(&state) % 50257); }
-    HashedFile out;  // (written to a temporary name and renamed; the checksum is not needed)
-    FILE* fp = hashed_create(&out, argv[1]);
-    fwriteCheck(header, sizeof(int), 256, fp, out.tmp);
-    fwriteCheck(tokens, sizeof(uint16_t), (size_t)n, fp, out.tmp);
-    hashed_commit(&out);
+    HashedFile* out = hashed_create(argv[1]);  // (a temporary name, renamed; the checksum is not needed)
+    fwriteCheck(header, sizeof(int), 256, out->fp, out->tmp);
+    fwriteCheck(tokens, sizeof(uint16_t), (size_t)n, out->fp, out->tmp);
+    hashed_commit(out);
     free(tokens);
     return 0;
 }

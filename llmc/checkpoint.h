@@ -119,10 +119,9 @@ static inline void manifest_write(const char* dir, const Manifest* m) {
                      (unsigned long long)m->state.hash, m->settings);
     n += snprintf(text + n, sizeof(text) - n, "check %016llx\n", (unsigned long long)XXH3_64bits(text, n));
     ckpt_path(path, sizeof(path), dir, "manifest", m->step);
-    HashedFile file;
-    FILE* fp = hashed_create(&file, path);
-    fwriteCheck(text, 1, (size_t)n, fp, file.tmp);
-    hashed_commit(&file);
+    HashedFile* file = hashed_create(path);
+    fwriteCheck(text, 1, (size_t)n, file->fp, file->tmp);
+    hashed_commit(file);
 }
 
 // reads manifest_<step>.txt; 0 and the reason in why if it is missing or not sound
@@ -220,8 +219,8 @@ static inline void write_checkpoint(const RunDir* run, int step, int evaluated, 
     ckpt_path(path, sizeof(path), dir, "model", step);
     m.model = gpt2_write_model(path, config, params);
     ckpt_path(path, sizeof(path), dir, "state", step);
-    HashedFile file;
-    FILE* fp = hashed_create(&file, path);
+    HashedFile* file = hashed_create(path);
+    FILE* fp = file->fp;
     int header[256] = {0};
     header[0] = STATE_MAGIC;
     header[1] = STATE_VERSION;
@@ -231,11 +230,11 @@ static inline void write_checkpoint(const RunDir* run, int step, int evaluated, 
     header[5] = (int)loader->shard_index;
     header[6] = (int)(uint32_t)run->run_id;
     header[7] = (int)(uint32_t)(run->run_id >> 32);
-    fwriteCheck(header, sizeof(int), 256, fp, file.tmp);
+    fwriteCheck(header, sizeof(int), 256, fp, file->tmp);
     uint64_t words[2] = {(uint64_t)loader->position, rng};
-    fwriteCheck(words, sizeof(uint64_t), 2, fp, file.tmp);
-    opt.save(opt.ctx, fp, file.tmp);
-    m.state = hashed_commit(&file);
+    fwriteCheck(words, sizeof(uint64_t), 2, fp, file->tmp);
+    opt.save(opt.ctx, fp, file->tmp);
+    m.state = hashed_commit(file);
     manifest_write(dir, &m);  // last: from now on the checkpoint exists
     printf("wrote checkpoint %s/{model,state,manifest}_%08d\n", dir, step);
 }
@@ -555,20 +554,17 @@ static inline int run_dir_try_state(RunDir* run, OptimizerState opt, DataLoader*
     const Manifest* m = &run->chosen;
     char path[4096];
     ckpt_path(path, sizeof(path), run->dir, "state", m->step);
-    HashedFile file;
-    FILE* fp = hashed_open(&file, path);
-    jmp_buf jump;
-    volatile int loaded = 0;
+    HashedFile* file = hashed_open(path);
+    int loaded = 0;
     uint64_t run_id = 0;
-    fatal_jump = &jump;
-    fatal_silent = 1;
-    if (setjmp(jump) == 0) {
-        read_checkpoint_state(fp, path, m->step, opt, loader, rng, &run_id);
+    fatal_throws = 1;  // (a damaged file may fail the reader part-way: that is a skip, not an error)
+    try {
+        read_checkpoint_state(file->fp, path, m->step, opt, loader, rng, &run_id);
         loaded = 1;
+    } catch (const FatalError&) {
     }
-    fatal_jump = NULL;
-    fatal_silent = 0;
-    FileDigest got = hashed_close(&file);
+    fatal_throws = 0;
+    FileDigest got = hashed_close(file);
     if (!file_digest_equal(got, m->state)) {
         snprintf(why, why_size, "state_%08d.bin does not match its checksum", m->step);
         return 0;

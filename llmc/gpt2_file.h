@@ -175,13 +175,12 @@ static GPT2ModelRead gpt2_model_read;
 
 // reads a whole model file; returns the parameters (malloc'ed, caller frees)
 static inline float* gpt2_read_model(const char* path, GPT2Config* config) {
-    HashedFile file;
-    FILE* fp = hashed_open(&file, path);
-    *config = gpt2_read_model_header(fp, path);
+    HashedFile* file = hashed_open(path, 1024);  // (a buffer of the header alone: the rest is read direct)
+    *config = gpt2_read_model_header(file->fp, path);
     size_t n = gpt2_num_params(config);
     float* params = (float*)mallocCheck(n * sizeof(float));
-    freadCheck(params, sizeof(float), n, fp, path);
-    gpt2_model_read.got = hashed_close(&file);
+    hashed_read_direct(file, params, n * sizeof(float));
+    gpt2_model_read.got = hashed_close(file);
     gpt2_model_read.damaged = strcmp(gpt2_model_read.expect_path, path) == 0 &&
                               !file_digest_equal(gpt2_model_read.got, gpt2_model_read.expected);
     const char* bad = gpt2_model_read.damaged ? NULL : gpt2_first_nonfinite_tensor(config, params);
@@ -204,11 +203,10 @@ static inline FileDigest gpt2_write_model(const char* path, const GPT2Config* c,
     header[5] = c->num_heads;
     header[6] = c->channels;
     header[7] = c->padded_vocab_size;
-    HashedFile file;
-    FILE* fp = hashed_create(&file, path);
-    fwriteCheck(header, sizeof(int), 256, fp, file.tmp);
-    fwriteCheck(params, sizeof(float), gpt2_num_params(c), fp, file.tmp);
-    return hashed_commit(&file);
+    HashedFile* file = hashed_create(path);
+    fwriteCheck(header, sizeof(int), 256, file->fp, file->tmp);
+    fwriteCheck(params, sizeof(float), gpt2_num_params(c), file->fp, file->tmp);
+    return hashed_commit(file);
 }
 
 // ----------------------------------------------------------------------------

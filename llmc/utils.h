@@ -23,11 +23,13 @@ can name the caller's file and line when the problem is ours rather than the use
 // ----------------------------------------------------------------------------
 // fatal errors: one line, non-zero exit
 
-// Fuzzers (dev/fuzz) point this at a jmp_buf to get control back instead of an exit; so does
-// a resume trying a checkpoint (llmc/checkpoint.h), which sets fatal_silent too: the message is
-// then only kept in fatal_message, for the caller to print or drop.
+// Fuzzers (dev/fuzz) point this at a jmp_buf to get control back instead of an exit.
 static jmp_buf* fatal_jump = NULL;
-static int fatal_silent = 0;
+// A resume trying a checkpoint (llmc/checkpoint.h) sets this: fatal then throws FatalError
+// (destructors run, nothing leaks) and keeps its message in fatal_message, unprinted, for the
+// caller to report or drop.
+struct FatalError {};
+static int fatal_throws = 0;
 static char fatal_message[1024];
 // a temporary file being written (llmc/hashed_file.h): removed by fatal, so that a failed write
 // (a full disk) leaves nothing behind
@@ -38,12 +40,13 @@ static const char* fatal_unlink = NULL;
     va_start(args, fmt);
     vsnprintf(fatal_message, sizeof(fatal_message), fmt, args);
     va_end(args);
-    if (fatal_jump == NULL || !fatal_silent) { fprintf(stderr, "error: %s\n", fatal_message); }
+    if (!fatal_throws) { fprintf(stderr, "error: %s\n", fatal_message); }
     fflush(stdout);
     if (fatal_unlink != NULL) {
         unlink(fatal_unlink);
         fatal_unlink = NULL;
     }
+    if (fatal_throws) { throw FatalError{}; }
     if (fatal_jump != NULL) { longjmp(*fatal_jump, 1); }
     exit(EXIT_FAILURE);
 }

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what the project's Python scripts need, from Debian's packages only, for
-# /usr/bin/python3 (the interpreter the Makefile uses):
+# /usr/bin/python3 (the interpreter the Makefile uses), and the one header the build needs beyond
+# g++, xxhash.h (libxxhash-dev: the checkpoints' checksums, llmc/hashed_file.h):
 #   bash scripts/install_deps.sh run   what `make run` needs: python3-numpy and python3-regex
 #                                      (data preparation: GPT-2's tokenizer pattern)
 #   bash scripts/install_deps.sh       everything (`make test`): also python3-torch (the
@@ -11,6 +12,7 @@ PYTHON=${PYTHON:-/usr/bin/python3}
 wanted="numpy:python3-numpy regex:python3-regex"
 [ "${1:-all}" = run ] || wanted="$wanted torch:python3-torch matplotlib:python3-matplotlib"
 missing=()
+[ -f /usr/include/xxhash.h ] || missing+=(libxxhash-dev)
 for pair in $wanted; do
     module=${pair%%:*}
     package=${pair#*:}
@@ -34,3 +36,4 @@ for pair in $wanted; do
     pair=${pair%%:*}
     "$PYTHON" -c "import $pair" || { echo "error: $pair still not importable by $PYTHON after installing" >&2; exit 1; }
 done
+[ -f /usr/include/xxhash.h ] || { echo "error: /usr/include/xxhash.h still missing after installing libxxhash-dev" >&2; exit 1; }

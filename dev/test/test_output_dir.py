@@ -264,7 +264,9 @@ def main():
         out = copy_of(base, "SIGINT_validation")
         drop(out, 6, 8, 10)
         p = start(argv(out, steps, "-v", "5", "-m", str(val_batches), "-y", "1"))
-        wait_for(lambda: logged(out) >= 5, p)
+        for line in p.stdout:  # (main.log still holds the steps up to 10 until the resume cuts it back)
+            if line.startswith(f"step 5/{steps} | loss"):
+                break
         time.sleep(0.3)
         t0 = time.time()
         p.send_signal(signal.SIGINT)
