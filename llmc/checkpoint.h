@@ -390,9 +390,9 @@ static inline void run_dir_check_resume(const RunDir* run, const TrainArgs* args
                 "model is %s/model_%08d.bin)", args->steps, m->step, run->dir, m->step, run->dir, m->step);
     }
     int B = 0, T = 0;
-    const char* b = strstr(m->settings, "-b ");
+    const char* b = strstr(m->settings, "\n-b ");
     const char* t = strstr(m->settings, "\n-t ");
-    if (b != NULL && t != NULL && sscanf(b, "-b %d", &B) == 1 && sscanf(t, "\n-t %d", &T) == 1 &&
+    if (b != NULL && t != NULL && sscanf(b, "\n-b %d", &B) == 1 && sscanf(t, "\n-t %d", &T) == 1 &&
         (B != args->B || T != args->T)) {
         fatal("-b %d -t %d: the checkpoint of step %d in %s was written with -b %d -t %d (hint: resume with the "
                 "same -b and -t)", args->B, args->T, m->step, run->dir, B, T);

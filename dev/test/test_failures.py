@@ -29,6 +29,9 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import runner  # noqa: E402  dev/test/runner.py
+
 ZENFLOW = ["-zo", "zenflow", "-zk", "0.2", "-zu", "3", "-zs", "6", "-zv", "1"]
 
 
@@ -54,12 +57,7 @@ def one_line_failure(argv, needles, env=None, max_step=None):
     """runs argv; the problems if it did not exit 1 with one stderr line holding every needle
     (and, with max_step, if it printed a training step line after step max_step)"""
     r = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=300)
-    lines = stderr_lines(r.stderr)
-    problems = []
-    if r.returncode != 1:
-        problems.append(f"exit code {r.returncode} (want 1)")
-    if len(lines) != 1 or any(n not in lines[0] for n in needles):
-        problems.append(f"stderr {lines[-3:]}")
+    problems, lines = runner.one_line_error(r, needles)
     steps = [int(m.group(1)) for m in re.finditer(r"^step (\d+)/\d+ \| loss", r.stdout, re.M)]
     if max_step is not None and not steps:
         problems.append("no step line before the failure (want the steps up to it)")
@@ -69,21 +67,8 @@ def one_line_failure(argv, needles, env=None, max_step=None):
 
 
 def main():
-    args = sys.argv[1:]
-    steps = 300
-    if "--steps" in args:
-        i = args.index("--steps")
-        steps = int(args[i + 1])
-        del args[i:i + 2]
-    if len(args) != 2:
-        print(__doc__)
-        return 2
-    trainer, case = os.path.abspath(args[0]), args[1]
-    results = []
-
-    def check(name, problems, detail):
-        results.append(not problems)
-        print(f"{'ok   ' if not problems else 'FAIL '} {name}: {'; '.join(problems) if problems else detail}")
+    trainer, case, steps = runner.trainer_case_steps(__doc__, 300)
+    check = runner.Checks()
 
     with tempfile.TemporaryDirectory() as tmp:
         # 1. SIGINT, then resume
@@ -144,9 +129,7 @@ def main():
         check("nan parameter", problems + (["blamed on the learning rate"] if "lower the learning rate" in detail else []),
               detail)
 
-    passed = sum(results)
-    print(f"failures: {passed} passed, {len(results) - passed} failed")
-    return 0 if passed == len(results) else 1
+    return check.summary("failures")
 
 
 if __name__ == "__main__":

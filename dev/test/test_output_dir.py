@@ -21,8 +21,8 @@ a final model byte-identical to an uninterrupted run's (and, where it says so, m
     SIGINT during validation and during the final sample: stopped there (no val line, the
     sample cut short), and the resume redoes that step's evaluation and sample (the same tokens);
     a second SIGINT exits at once; the timeline (-tr) is valid JSON
- 5. resume with another model shape, or an -x at or below the checkpoint: refused, nothing
-    changed; other changes are named in one line
+ 5. resume with another model shape, another -b, or an -x at or below the checkpoint: refused,
+    nothing changed; other changes are named in one line
  6. main.log holds each step once after a resume (the same file as the uninterrupted run's)
  7. disk full (a checkpoint's temporary file on /dev/full): one line, its .tmp removed, the
     earlier checkpoints unchanged, and a resume from them ends byte-identical
@@ -39,6 +39,9 @@ import subprocess
 import sys
 import tempfile
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import runner  # noqa: E402  dev/test/runner.py
 
 ZENFLOW = ["-zo", "zenflow", "-zk", "0.2", "-zu", "3", "-zs", "6", "-zv", "1"]
 SAMPLER = "d1c8h2v97t4096"  # a random model with a long maxT, so a sample of 4000 tokens takes a while
@@ -64,21 +67,8 @@ def err_lines(text):
 
 
 def main():
-    args = sys.argv[1:]
-    steps = 200
-    if "--steps" in args:
-        i = args.index("--steps")
-        steps = int(args[i + 1])
-        del args[i:i + 2]
-    if len(args) != 2:
-        print(__doc__)
-        return 2
-    trainer, case = os.path.abspath(args[0]), os.path.abspath(args[1])
-    results = []
-
-    def check(name, problems, detail):
-        results.append(not problems)
-        print(f"{'ok   ' if not problems else 'FAIL '} {name}: {'; '.join(problems) if problems else detail}")
+    trainer, case, steps = runner.trainer_case_steps(__doc__, 200)
+    check = runner.Checks()
 
     tmp = tempfile.mkdtemp(prefix="zf_outdir_")
 
@@ -98,12 +88,7 @@ def main():
 
     def refused(name, r, needles, before, outdir):
         """a run that must fail with one line holding every needle and change nothing"""
-        lines = err_lines(r.stderr)
-        problems = []
-        if r.returncode != 1:
-            problems.append(f"exit {r.returncode} (want 1)")
-        if len(lines) != 1 or any(n not in lines[0] for n in needles):
-            problems.append(f"stderr {lines[-3:]} (want one line with {needles})")
+        problems, lines = runner.one_line_error(r, needles)
         if digests(outdir) != before:
             problems.append("files in -o changed")
         check(name, problems, f"'{lines[0] if lines else ''}', every file unchanged")
@@ -339,6 +324,8 @@ def main():
         before = digests(told)
         refused("resume with another model shape", run(argv(told, 14, "-n", "2", "-y", "1", model="d4c256h4")),
                 ["-e d4c256h4", "step 10", "holds L=2"], before, told)
+        refused("resume with another -b", run(argv(told, 14, "-n", "2", "-y", "1", "-b", "2")),
+                ["-b 2 -t 16", "written with -b 4 -t 16"], before, told)
         for x in (10, 6):
             refused(f"resume with -x {x} on a checkpoint of step 10", run(argv(told, x, "-n", "2", "-y", "1")),
                     [f"-x {x}", "step 10", "already there"], before, told)
@@ -385,9 +372,7 @@ def main():
               and left == ["notes.tmp"] else [f"note {note}, left {left}"], note[0] if note else "")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    passed = sum(results)
-    print(f"output_dir: {passed} passed, {len(results) - passed} failed")
-    return 0 if passed == len(results) else 1
+    return check.summary("output_dir")
 
 
 if __name__ == "__main__":
