@@ -640,7 +640,8 @@ int main(int argc, char* argv[]) {
         int last = step == steps;
         if (last) { zf_drain(&zf); }  // spec 4.7: what follows must see the final weights
         // a resumed run continues with the step after its checkpoint: the evaluation,
-        // sample and checkpoint of this step happened before it was written
+        // sample and checkpoint of this step happened before it was written (unless a stop
+        // wrote it before them: then they are done now)
         int fresh = run_dir_fresh(&run, step);
         uint64_t rng_at_step = rng;  // what a stop saves: the sample of this step is then redone
         if (fresh && val_every > 0 && (step % val_every == 0 || last)) {
