@@ -3,8 +3,9 @@
 #   make            build what this machine can build (CPU trainer always, CUDA if nvcc exists)
 #   make test       every test this machine can run; skipped ones are named with the reason
 #   make run        prepare tinyshakespeare, build, train (GPU if there is one, else CPU)
-#   make deps       install the Debian packages the Python scripts need (python3-torch, ...);
-#                   make run installs only what it needs (python3-numpy, python3-regex)
+#   make deps       install the Debian packages the Python scripts and the build need (python3-torch,
+#                   libxxhash-dev, ...); make run installs only what it needs (python3-numpy,
+#                   python3-regex, libxxhash-dev)
 #
 # Python scripts run with Debian's interpreter, which is where python3-torch installs.
 PYTHON ?= /usr/bin/python3
@@ -47,7 +48,7 @@ endif
 
 HEADERS = $(wildcard llmc/*.h) cpu_adam.h zenflow.h
 
-.PHONY: all test run data deps deps_run refs gpu_refs gpu_rehearsal clean bench bench_zenflow bench_llmc llmc_cpu bench_llmc_cpu cuda_dev fuzz emu
+.PHONY: all test run data deps deps_run refs gpu_refs gpu_rehearsal clean bench bench_zenflow bench_llmc llmc_cpu bench_llmc_cpu bench_checkpoint cuda_dev fuzz emu
 all: $(CPU_BINS) $(CUDA_BINS)
 
 cpu_adam.o: cpu_adam.cpp cpu_adam.h
@@ -82,6 +83,13 @@ build/arch/train_gpt2cpu_%: train_gpt2.cpp cpu_adam.cpp cpu_adam.h $(HEADERS)
 
 bench_cpu_adam: dev/bench_cpu_adam.cpp cpu_adam.o $(HEADERS)
 	$(CXX) $(CXXFLAGS) $< cpu_adam.o -o $@ $(LDLIBS)
+
+# what the checkpoints' checksums cost at d12, write and read, against plain I/O (2.4 GB on disk)
+build/bench_checkpoint: dev/bench_checkpoint.cpp $(HEADERS)
+	@mkdir -p build
+	$(CXX) $(CXXFLAGS) $< -o $@ $(LDLIBS)
+bench_checkpoint: build/bench_checkpoint
+	./build/bench_checkpoint build
 
 # the three modes on a simulated GPU and PCIe link beside ZenFlow's real CPU side (make bench)
 sim_stall: dev/sim_stall.cpp cpu_adam.o $(HEADERS)

@@ -1019,7 +1019,7 @@ void gpt2_sample(GPT2* model, const Tokenizer* tok, int eot, int steps, uint64_t
     int* tokens = (int*)mallocCheck(n * sizeof(int));
     tokens[0] = eot;
     printf("generating:\n---\n");
-    for (int t = 1; t < n; t++) {
+    for (int t = 1; t < n && !stop_requested(); t++) {  // (a signal stops it: llmc/checkpoint.h)
         gpt2_forward(model, tokens, NULL, 1, t);
         const float* probs = model->acts.probs + (size_t)(t - 1) * Vp;
         tokens[t] = sample_mult(probs, model->config.vocab_size, random_f32(rng));
@@ -1034,6 +1034,12 @@ void gpt2_sample(GPT2* model, const Tokenizer* tok, int eot, int steps, uint64_t
 // main training loop
 #ifndef TESTING
 
+// a resume that falls back to an older checkpoint puts its parameters in (llmc/checkpoint.h)
+static void set_params(void* model, const float* params) {
+    GPT2* m = (GPT2*)model;
+    memcpy(m->params_memory, params, m->num_parameters * sizeof(float));
+}
+
 int main(int argc, char* argv[]) {
     setvbuf(stdout, NULL, _IOLBF, 0);  // one line at a time, also into a log file or a pipe
     TrainArgs args;
@@ -1041,21 +1047,14 @@ int main(int argc, char* argv[]) {
     train_args_refuse(train_args_zflag(&args, 'm') != NULL, "-zm", "the CUDA trainer has it; -tr traces");
     const char *train_pattern = args.train_pattern, *val_pattern = args.val_pattern;
     const char *model_spec = args.model_spec, *tokenizer_path = args.tokenizer_path;
-    const char* output_dir = args.output_dir;
     const int B = args.B, T = args.T, steps = args.steps, val_every = args.val_every;
     const int val_batches = args.val_batches, sample_every = args.sample_every;
     const int gen_tokens = args.gen_tokens, checkpoint_every = args.checkpoint_every;
     const float lr = args.lr, weight_decay = args.weight_decay;
     const long seed = args.seed;
     ZfConfig zcfg = zf_parse_flags(args.zflags, "dm");  // -zd, -zm: the trainers' own
-    int start_step = args.resume ? newest_checkpoint(output_dir) : -1;
-    char resume_model[4096];
-    if (start_step >= 0) {  // the model comes from the checkpoint, not from -e
-        snprintf(resume_model, sizeof(resume_model), "%s/model_%08d.bin", output_dir, start_step);
-        model_spec = resume_model;
-    } else if (args.resume) {
-        printf("no checkpoint in %s yet: starting from scratch\n", output_dir);
-    }
+    RunDir run;  // -o, -y: llmc/checkpoint.h
+    model_spec = run_dir_begin(&run, &args, argc, argv);  // with -y 1, the checkpoint's model
 
     GPT2 model;
     gpt2_build(&model, model_spec, (uint64_t)seed);
@@ -1075,22 +1074,14 @@ int main(int argc, char* argv[]) {
     Tokenizer tokenizer;
     tokenizer_init(&tokenizer, tokenizer_path);
     tokenizer_match_model(&tokenizer, tokenizer_path, cfg->vocab_size);
+    train_args_notes(&args, cfg->max_seq_len, dataloader_batches(&val_loader));
 
     ZenFlow zf;
     CpuDevice device;
     zf_cpu_init(&zf, &device, &model, zcfg);
     zcfg = zf.cfg;  // as the mode sets it
 
-    // the log is opened (and, without -y, emptied) only once every check has passed
-    FILE* logfile = NULL;
-    if (output_dir != NULL) {
-        if (mkdir(output_dir, 0755) != 0 && errno != EEXIST) {
-            fatal("flag -o: cannot create directory %s: %s", output_dir, strerror(errno));
-        }
-        char path[4096];
-        snprintf(path, sizeof(path), "%s/main.log", output_dir);
-        logfile = fopenCheck(path, start_step >= 0 ? "a" : "w");
-    }
+    run_dir_open(&run);  // only once every check has passed: the lock, and a run already there
 
     model.zf = &zf;
     zf_print_config(&zf);
@@ -1114,42 +1105,42 @@ int main(int argc, char* argv[]) {
     // 1337): samples of a model draw the same coins here and there (dev/test/test_llmc_cpu.py)
     uint64_t rng = (uint64_t)seed;
     const OptimizerState zf_state = {&zf, zf_save_state, zf_load_state};  // llmc/checkpoint.h
-    if (start_step >= 0) {
-        read_checkpoint_state(output_dir, start_step, zf_state, &train_loader, &rng);
-        printf("resumed from the checkpoint of step %d in %s\n", start_step, output_dir);
-    }
-    catch_sigint();
+    int start_step = run_dir_resume(&run, zf_state, &train_loader, &rng, {&model, set_params}, cfg);
+    FILE* logfile = run.log;
 
     for (int step = start_step >= 0 ? start_step : 0; step <= steps; step++) {
         int last = step == steps;
-        if (g_interrupted) {
-            zf_apply_pending(&zf);  // (pipelining) the parameters complete before they are saved
-            zf_wait(&zf);
-            exit_interrupted(output_dir, step, checkpoint_every, cfg, model.params_memory, zf_state, &train_loader, rng);
-        }
         if (last) { zf_drain(&zf); }  // spec 4.7: what follows must see the final weights
         // a resumed run continues with the step after its checkpoint: the evaluation,
-        // sample and checkpoint of this step happened before it was written
-        int fresh = step != start_step;
+        // sample and checkpoint of this step happened before it was written (unless a stop
+        // wrote it before them: then they are done now)
+        int fresh = run_dir_fresh(&run, step);
+        uint64_t rng_at_step = rng;  // what a stop saves: the sample of this step is then redone
         if (fresh && val_every > 0 && (step % val_every == 0 || last)) {
             dataloader_reset(&val_loader);
             float val_loss = 0.0f;
-            for (int i = 0; i < val_batches; i++) {
+            int i = 0;
+            for (; i < val_batches && !stop_requested(); i++) {
                 dataloader_next_batch(&val_loader);
                 gpt2_forward(&model, val_loader.inputs, val_loader.targets, B, T);
                 val_loss += model.mean_loss;
             }
             val_loss /= val_batches;
-            printf("step %d/%d | val loss %f\n", step, steps, val_loss);
-            if (logfile) { fprintf(logfile, "s:%d tel:%f\n", step, val_loss); fflush(logfile); }
+            if (i == val_batches) { printf("step %d/%d | val loss %f\n", step, steps, val_loss); }
+            if (logfile && i == val_batches) { fprintf(logfile, "s:%d tel:%f\n", step, val_loss); fflush(logfile); }
         }
         if (fresh && sample_every > 0 && step > 0 && (step % sample_every == 0 || last)) {
             gpt2_sample(&model, &tokenizer, tokenizer.init_ok ? tokenizer.eot_token : cfg->vocab_size - 1,
                         gen_tokens, &rng);
         }
+        if (stop_requested()) {  // at the step boundary: checkpoint, exit 128 + signal
+            zf_apply_pending(&zf);  // (pipelining) the parameters complete before they are saved
+            zf_wait(&zf);
+            run_dir_stop(&run, step, cfg, model.params_memory, zf_state, &train_loader, rng_at_step);
+        }
         if (fresh && checkpoint_every > 0 && step > 0 && (step % checkpoint_every == 0 || last)) {
             zf_apply_pending(&zf);
-            write_checkpoint(output_dir, step, cfg, model.params_memory, zf_state, &train_loader, rng);
+            write_checkpoint(&run, step, 1, cfg, model.params_memory, zf_state, &train_loader, rng);
         }
         if (last) { break; }
 
@@ -1163,6 +1154,7 @@ int main(int argc, char* argv[]) {
                     model.mean_loss, bad ? "first non-finite parameter tensor: " : "all parameters are finite, the forward pass overflowed",
                     bad ? bad : "");
         }
+        gpt2_warn_high_loss(step + 1, model.mean_loss, cfg->vocab_size);
         double t1 = now_ms();
         trace_event(TRACE_COMPUTE, "forward", t0, t1);
         zf_before_backward(&zf, step);  // zero the gradients (with -za gpu: what the window does not accumulate)

@@ -455,7 +455,7 @@ static void gpt2_sample(GPT2* model, const Tokenizer* tok, int eot, int steps, u
     float* probs = (float*)mallocCheck(V * sizeof(float));
     tokens[0] = eot;
     printf("generating:\n---\n");
-    for (int t = 1; t < n; t++) {
+    for (int t = 1; t < n && !stop_requested(); t++) {  // (a signal stops it: llmc/checkpoint.h)
         gpt2_forward(model, tokens, NULL, 1, t);
         cudaCheck(cudaMemcpy(probs, model->acts.logits + (size_t)(t - 1) * Vp, V * sizeof(float),
                              cudaMemcpyDeviceToHost));
@@ -518,6 +518,12 @@ static float* params_on_host(GPT2* model, float** buffer) {
     return *buffer;
 }
 
+// a resume that falls back to an older checkpoint puts its parameters in (llmc/checkpoint.h)
+static void set_params(void* model, const float* params) {
+    GPT2* m = (GPT2*)model;
+    cudaCheck(cudaMemcpy(m->params_memory, params, m->num_parameters * sizeof(float), cudaMemcpyHostToDevice));
+}
+
 int main(int argc, char* argv[]) {
     setvbuf(stdout, NULL, _IOLBF, 0);  // one line at a time, also into a log file or a pipe
     TrainArgs args;
@@ -525,7 +531,6 @@ int main(int argc, char* argv[]) {
     train_args_refuse(train_args_zflag(&args, 'd') != NULL, "-zd", "the CPU trainer has it");
     const char *train_pattern = args.train_pattern, *val_pattern = args.val_pattern;
     const char *model_spec = args.model_spec, *tokenizer_path = args.tokenizer_path;
-    const char* output_dir = args.output_dir;
     const int B = args.B, T = args.T, steps = args.steps, val_every = args.val_every;
     const int val_batches = args.val_batches, sample_every = args.sample_every;
     const int gen_tokens = args.gen_tokens, checkpoint_every = args.checkpoint_every;
@@ -534,14 +539,8 @@ int main(int argc, char* argv[]) {
     const long seed = args.seed;
     ZfConfig zcfg = zf_parse_flags(args.zflags, "dm");  // -zd, -zm: the trainers' own
     const char* metrics_path = train_args_zflag(&args, 'm');
-    int start_step = args.resume ? newest_checkpoint(output_dir) : -1;
-    char resume_model[4096];
-    if (start_step >= 0) {  // the model comes from the checkpoint, not from -e
-        snprintf(resume_model, sizeof(resume_model), "%s/model_%08d.bin", output_dir, start_step);
-        model_spec = resume_model;
-    } else if (args.resume) {
-        printf("no checkpoint in %s yet: starting from scratch\n", output_dir);
-    }
+    RunDir run;  // -o, -y: llmc/checkpoint.h
+    model_spec = run_dir_begin(&run, &args, argc, argv);  // with -y 1, the checkpoint's model
 
     cudaDeviceProp prop = cuda_init_device();
     printf("[device] %s, compute capability %d.%d, %d SMs, %.1f GiB\n", prop.name, prop.major, prop.minor,
@@ -564,6 +563,7 @@ int main(int argc, char* argv[]) {
     Tokenizer tokenizer;
     tokenizer_init(&tokenizer, tokenizer_path);
     tokenizer_match_model(&tokenizer, tokenizer_path, cfg->vocab_size);
+    train_args_notes(&args, cfg->max_seq_len, dataloader_batches(&val_loader));
 
     ZenFlow zf;
     ZfCudaDevice device;
@@ -576,15 +576,7 @@ int main(int argc, char* argv[]) {
     gpt2_allocate(&model, B, T);
     print_memory_table(&model, &zf);
 
-    FILE* logfile = NULL;
-    if (output_dir != NULL) {
-        if (mkdir(output_dir, 0755) != 0 && errno != EEXIST) {
-            fatal("flag -o: cannot create directory %s: %s", output_dir, strerror(errno));
-        }
-        char path[4096];
-        snprintf(path, sizeof(path), "%s/main.log", output_dir);
-        logfile = fopenCheck(path, start_step >= 0 ? "a" : "w");
-    }
+    run_dir_open(&run);  // only once every check has passed: the lock, and a run already there
     FILE* metrics = NULL;
     if (metrics_path != NULL) {
         metrics = fopenCheck(metrics_path, "w");
@@ -595,46 +587,47 @@ int main(int argc, char* argv[]) {
     uint64_t rng = (uint64_t)seed;  // the sampler's state, as in llm.c (train_gpt2.cpp says why)
     float* host_params = NULL;  // for checkpoints
     const OptimizerState zf_state = {&zf, zf_save_state, zf_load_state};  // llmc/checkpoint.h
-    if (start_step >= 0) {
-        read_checkpoint_state(output_dir, start_step, zf_state, &train_loader, &rng);
-        printf("resumed from the checkpoint of step %d in %s\n", start_step, output_dir);
-    }
+    int start_step = run_dir_resume(&run, zf_state, &train_loader, &rng, {&model, set_params}, cfg);
+    FILE* logfile = run.log;
 
     if (args.trace_path != NULL) {
         trace_open(args.trace_path, args.trace_first, args.trace_first + args.trace_steps - 1);
         gpu_trace_open();
     }
-    catch_sigint();  // Ctrl-C: llmc/checkpoint.h
 
     for (int step = start_step >= 0 ? start_step : 0; step <= steps; step++) {
         int last = step == steps;
-        if (g_interrupted) {
-            const float* params = checkpoint_every > 0 ? params_on_host(&model, &host_params) : NULL;
-            zf_wait(&zf);
-            exit_interrupted(output_dir, step, checkpoint_every, cfg, params, zf_state, &train_loader, rng);
-        }
         if (last) { zf_drain(&zf); }  // spec 4.7: what follows must see the final weights
         // a resumed run continues with the step after its checkpoint: the evaluation,
-        // sample and checkpoint of this step happened before it was written
-        int fresh = step != start_step;
+        // sample and checkpoint of this step happened before it was written (unless a stop
+        // wrote it before them: then they are done now)
+        int fresh = run_dir_fresh(&run, step);
+        uint64_t rng_at_step = rng;  // what a stop saves: the sample of this step is then redone
         if (fresh && val_every > 0 && (step % val_every == 0 || last)) {
             dataloader_reset(&val_loader);
             float val_loss = 0.0f;
-            for (int i = 0; i < val_batches; i++) {
+            int i = 0;
+            for (; i < val_batches && !stop_requested(); i++) {
                 dataloader_next_batch(&val_loader);
                 gpt2_forward(&model, val_loader.inputs, val_loader.targets, B, T);
                 val_loss += gpt2_read_loss(&model);
             }
             val_loss /= val_batches;
-            printf("step %d/%d | val loss %f\n", step, steps, val_loss);
-            if (logfile) { fprintf(logfile, "s:%d tel:%f\n", step, val_loss); fflush(logfile); }
+            if (i == val_batches) { printf("step %d/%d | val loss %f\n", step, steps, val_loss); }
+            if (logfile && i == val_batches) { fprintf(logfile, "s:%d tel:%f\n", step, val_loss); fflush(logfile); }
         }
         if (fresh && sample_every > 0 && step > 0 && (step % sample_every == 0 || last)) {
             gpt2_sample(&model, &tokenizer, tokenizer.init_ok ? tokenizer.eot_token : cfg->vocab_size - 1,
                         gen_tokens, &rng);
         }
+        if (stop_requested()) {  // at the step boundary: checkpoint, exit 128 + signal
+            const float* params = run.dir != NULL ? params_on_host(&model, &host_params) : NULL;
+            zf_wait(&zf);
+            gpu_trace_close();
+            run_dir_stop(&run, step, cfg, params, zf_state, &train_loader, rng_at_step);
+        }
         if (fresh && checkpoint_every > 0 && step > 0 && (step % checkpoint_every == 0 || last)) {
-            write_checkpoint(output_dir, step, cfg, params_on_host(&model, &host_params), zf_state, &train_loader, rng);
+            write_checkpoint(&run, step, 1, cfg, params_on_host(&model, &host_params), zf_state, &train_loader, rng);
         }
         if (last) { break; }
 
@@ -655,6 +648,7 @@ int main(int argc, char* argv[]) {
                     bad ? "first non-finite parameter tensor: " : "all parameters are finite, the forward pass overflowed",
                     bad ? bad : "");
         }
+        gpt2_warn_high_loss(step + 1, model.mean_loss, cfg->vocab_size);
         zf_step(&zf, step, hyper);
         ZfStepStats st = zf_cuda_step_end(&device, &zf);  // waits for the default stream
         gpu_trace_step_done();

@@ -1171,10 +1171,10 @@ static inline void zf_save_state(void* ctx, FILE* fp, const char* path) {
     int ints[8] = {(int)zf->cfg.mode, zf->cfg.update_interval, zf->cfg.select_interval,
                    zf->cfg.warmup, zf->cfg.overlap, zf->win.n, zf->win.pending,
                    zf->sel.last_step};
-    int more[3] = {zf->sel.count, zf->sel.moved_columns, own->num_matrices};
+    int more[4] = {zf->sel.count, zf->sel.moved_columns, own->num_matrices, zf->cfg.accumulate};
     fwriteCheck(&zf->cfg.topk, sizeof(double), 1, fp, path);
     fwriteCheck(ints, sizeof(int), 8, fp, path);
-    fwriteCheck(more, sizeof(int), 3, fp, path);
+    fwriteCheck(more, sizeof(int), 4, fp, path);
     for (int i = 0; i < own->num_matrices; i++) {
         const ZfMatrix* mat = &own->matrices[i];
         fwriteCheck(&mat->n_sel, sizeof(int), 1, fp, path);
@@ -1201,10 +1201,10 @@ static inline void zf_load_state(void* ctx, FILE* fp, const char* path) {
     zf_host_wait(zf, zf->cpu.master);
     zf_host_wait(zf, zf->win.acc);
     double topk;
-    int ints[8], more[3];
+    int ints[8], more[4];
     freadCheck(&topk, sizeof(double), 1, fp, path);
     freadCheck(ints, sizeof(int), 8, fp, path);
-    freadCheck(more, sizeof(int), 3, fp, path);
+    freadCheck(more, sizeof(int), 4, fp, path);
     const ZfConfig* c = &zf->cfg;
     if (topk != c->topk || ints[0] != (int)c->mode || ints[1] != c->update_interval ||
         ints[2] != c->select_interval || ints[3] != c->warmup || ints[4] != c->overlap) {
@@ -1215,6 +1215,10 @@ static inline void zf_load_state(void* ctx, FILE* fp, const char* path) {
               c->warmup, c->overlap);
     }
     if (more[2] != own->num_matrices) { fatal("%s: written for another model", path); }
+    if (more[3] != c->accumulate) {  // A lives on the host with cpu, in the gradient buffer with gpu
+        fatal("%s: written with -za %s, but this run uses -za %s (hint: resume with the same flags)", path,
+              more[3] == ZF_ACCUMULATE_GPU ? "gpu" : "cpu", zf_accumulate_names[c->accumulate]);
+    }
     int longest = c->update_interval == ZF_AUTO ? c->max_update_interval : c->update_interval;
     if (ints[5] < 0 || ints[5] >= longest || (ints[6] != 0 && ints[6] != 1) ||
         (ints[6] == 1 && !c->overlap) || more[0] < 0) {

@@ -11,6 +11,11 @@
 # the first one left SKIPPED "out of time"): tests resume devcuda sanitizer llmc host
 # zenflow timeline d12 random, e.g. --only "sanitizer timeline"
 #
+# Needs xxhash.h (Debian's libxxhash-dev, header-only; the checkpoints' checksums). On a machine
+# without it and without network: `apt-get download libxxhash-dev` beforehand, there
+# `dpkg -x libxxhash-dev_*.deb /tmp/xxhash && export CPATH=/tmp/xxhash/usr/include` (g++, and so
+# nvcc's host compiler, read CPATH).
+#
 # 1. builds train_gpt2cu, test_gpt2cu and dev/cuda for sm_90 (in parallel, into build/gpu_check)
 # 2. finds the PyTorch reference cases (dev/test/ref/*/state.bin, and the ZenFlow cases
 #    dev/test/ref/zf_*/zenflow.txt; on a GPU machine they come as build/gpu_refs, from

@@ -4,7 +4,7 @@ ids below GPT-2's 50257, for benchmarks on machines without the prepared data an
 network (dev/gpu_check.sh, scripts/bench_zenflow.sh). Seeded: same arguments, same file.
 */
 #include "../llmc/dataloader.h"
-#include "../llmc/utils.h"
+#include "../llmc/hashed_file.h"
 
 int main(int argc, char** argv) {
     if (argc != 4) {
@@ -16,11 +16,10 @@ int main(int argc, char** argv) {
     int header[256] = {SHARD_MAGIC, SHARD_VERSION, n};
     uint16_t* tokens = (uint16_t*)mallocCheck((size_t)n * sizeof(uint16_t));
     for (int i = 0; i < n; i++) { tokens[i] = (uint16_t)(random_u32(&state) % 50257); }
-    char tmp[4200];
-    FILE* fp = atomic_write_open(argv[1], tmp, sizeof(tmp));
-    fwriteCheck(header, sizeof(int), 256, fp, tmp);
-    fwriteCheck(tokens, sizeof(uint16_t), (size_t)n, fp, tmp);
-    atomic_write_commit(fp, tmp, argv[1]);
+    HashedFile* out = hashed_create(argv[1]);  // (a temporary name, renamed; the checksum is not needed)
+    fwriteCheck(header, sizeof(int), 256, out->fp, out->tmp);
+    fwriteCheck(tokens, sizeof(uint16_t), (size_t)n, out->fp, out->tmp);
+    hashed_commit(out);
     free(tokens);
     return 0;
 }

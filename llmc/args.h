@@ -21,13 +21,17 @@ typedef struct {
     float lr, weight_decay;      // -l -c
     int val_every, val_batches;  // -v -m
     int sample_every, gen_tokens;        // -s -g
-    int checkpoint_every, resume;        // -n -y
+    int checkpoint_every, resume;        // -n -y (resume: 0 a new run, 1 continue the run in -o, 2 replace it)
     long seed;                   // -r
     int use_tf32;                // -f (CUDA trainer)
     const char* zflags[26];      // -z<letter> <value>, by letter (NULL: not given)
     const char* trace_path;      // -tr
     int trace_first, trace_steps;  // -tf -tn
+    char given[128];             // given['l']: -l was on the command line
 } TrainArgs;
+
+#define RESUME_CONTINUE 1
+#define RESUME_REPLACE 2
 
 // the usage, then the optimizer's own flags (more_usage), on stdout
 static inline void train_args_usage(const char* program, const char* more_usage) {
@@ -50,7 +54,8 @@ static inline void train_args_usage(const char* program, const char* more_usage)
             "  -s <int>    sample every this many steps, 0 = never (default 20)\n"
             "  -g <int>    tokens to generate (default 64)\n"
             "  -n <int>    write a checkpoint (model + state) into -o every this many steps, 0 = never\n"
-            "  -y <0|1>    resume from the newest checkpoint in -o (default 0)\n"
+            "  -y <0|1|2>  1: continue the run in -o from its newest checkpoint; 2: replace the run in -o\n"
+            "              (deletes its main.log and checkpoints); 0: a new run, refused where -o holds one (default 0)\n"
             "  -r <int>    random seed for init and sampling, >= 1 (default 1337, llm.c's sampler seed)\n"
             "  -f <0|1>    TF32 tensor cores for the matmuls (CUDA trainer; default 1; the CPU trainer ignores it)\n"
             "Timeline (a Chrome trace-event file for Perfetto / chrome://tracing):\n"
@@ -88,6 +93,7 @@ static inline void train_args_parse(TrainArgs* a, int argc, char* argv[], const 
         }
         if (i + 1 >= argc) { fatal("flag %s needs a value", flag); }
         const char* val = argv[i + 1];
+        if (len == 2) { a->given[(unsigned char)flag[1]] = 1; }
         if (len == 3 && flag[1] == 't') {  // the timeline trace, -t<letter>
             switch (flag[2]) {
                 case 'r': a->trace_path = val; break;
@@ -118,7 +124,7 @@ static inline void train_args_parse(TrainArgs* a, int argc, char* argv[], const 
             case 's': a->sample_every = (int)parse_int(flag, val, 0, 1 << 30); break;
             case 'g': a->gen_tokens = (int)parse_int(flag, val, 1, 1 << 20); break;
             case 'n': a->checkpoint_every = (int)parse_int(flag, val, 0, 1 << 30); break;
-            case 'y': a->resume = (int)parse_int(flag, val, 0, 1); break;
+            case 'y': a->resume = (int)parse_int(flag, val, 0, 2); break;
             case 'r': a->seed = parse_int(flag, val, 1, 1L << 62); break;  // (a xorshift state of 0 stays 0)
             case 'f': a->use_tf32 = (int)parse_int(flag, val, 0, 1); break;
             default: fatal("unknown flag %s (hint: -h lists the flags)", flag);
@@ -128,10 +134,41 @@ static inline void train_args_parse(TrainArgs* a, int argc, char* argv[], const 
         fatal("flag -n: checkpoints need an output directory (hint: add -o <dir>)");
     }
     if (a->resume && a->output_dir == NULL) {
-        fatal("flag -y: resuming needs the output directory of the run (hint: add -o <dir>)");
+        fatal("flag -y: %s needs the output directory of the run (hint: add -o <dir>)",
+                a->resume == RESUME_CONTINUE ? "resuming" : "replacing a run");
     }
     if ((long long)a->B * a->T > (1LL << 30)) {
         fatal("flags -b, -t: B*T=%lld is too large", (long long)a->B * a->T);
+    }
+}
+
+// The settings a checkpoint records (its manifest, llmc/checkpoint.h), one "<flag> <value>" a
+// line, so that a resume can name what it was told differently. Not -e (a resume's model is the
+// checkpoint's), -o -y, or the trace's flags.
+static inline void train_args_settings(const TrainArgs* a, char* out, size_t size) {
+    int n = snprintf(out, size,
+                     "-i %s\n-j %s\n-k %s\n-b %d\n-t %d\n-x %d\n-l %g\n-c %g\n-v %d\n-m %d\n-s %d\n-g %d\n"
+                     "-n %d\n-r %ld\n-f %d\n",
+                     a->train_pattern, a->val_pattern, a->tokenizer_path, a->B, a->T, a->steps, a->lr,
+                     a->weight_decay, a->val_every, a->val_batches, a->sample_every, a->gen_tokens,
+                     a->checkpoint_every, a->seed, a->use_tf32);
+    for (int i = 0; i < 26 && n >= 0 && (size_t)n < size; i++) {
+        if (a->zflags[i] != NULL) { n += snprintf(out + n, size - n, "-z%c %s\n", 'a' + i, a->zflags[i]); }
+    }
+    if (n < 0 || (size_t)n >= size) { fatal("the command line's settings are too long to record (-i, -j or -k)"); }
+}
+
+// a note where a flag asks for more than there is: -g beyond the model's maxT, -m beyond the
+// val data (val_batches: how many batches one pass over it gives)
+static inline void train_args_notes(const TrainArgs* a, int max_seq_len, size_t val_batches) {
+    if (a->sample_every > 0 && a->gen_tokens > max_seq_len - 1) {
+        printf("note: -g %d: the model's maxT %d allows %d tokens a sample, generating %d\n", a->gen_tokens,
+               max_seq_len, max_seq_len - 1, max_seq_len - 1);
+    }
+    if (a->val_every > 0 && (size_t)a->val_batches > val_batches) {
+        printf("note: -m %d: the val data holds %zu batches of B=%d T=%d, so the val loss reads %zu of them more "
+               "than once\n", a->val_batches, val_batches, a->B, a->T, a->val_batches - val_batches < val_batches
+               ? (size_t)a->val_batches - val_batches : val_batches);
     }
 }
 

@@ -116,6 +116,16 @@ static inline void dataloader_next_batch(DataLoader* loader) {
     }
 }
 
+// how many batches one pass over all the shards gives (a shard of N tokens gives (N - 1) / (B*T))
+static inline size_t dataloader_batches(const DataLoader* loader) {
+    size_t n = 0, BT = (size_t)loader->B * loader->T;
+    for (size_t i = 0; i < loader->glob_result.gl_pathc; i++) {
+        long long tokens = (file_size_bytes(loader->glob_result.gl_pathv[i]) - 1024) / 2;
+        n += tokens > 0 ? (size_t)(tokens - 1) / BT : 0;
+    }
+    return n;
+}
+
 static inline void dataloader_free(DataLoader* loader) {
     free(loader->tokens);
     free(loader->inputs);

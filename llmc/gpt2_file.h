@@ -17,6 +17,7 @@ The model may also start from a random init: gpt2_parse_model_spec understands "
 #include <stdio.h>
 #include <string.h>
 
+#include "hashed_file.h"
 #include "utils.h"
 
 #define GPT2_MODEL_MAGIC 20240326
@@ -118,6 +119,18 @@ static inline void point_parameters(ParameterTensors* p, const GPT2Config* c, fl
     }
 }
 
+// One warning line, the first time the loss is above 2 ln(V), twice the loss of a uniform guess
+// over the vocabulary: the run is diverging, though it may stay finite for long (-l 10)
+static inline void gpt2_warn_high_loss(int step, float loss, int vocab_size) {
+    static int warned = 0;
+    float uniform = logf((float)vocab_size);
+    if (!warned && loss > 2.0f * uniform) {
+        warned = 1;
+        fprintf(stderr, "warning: step %d: the loss %g is above twice a uniform guess's, 2 ln(V) = %.2f: training is "
+                "diverging (hint: lower the learning rate -l)\n", step, loss, 2.0f * uniform);
+    }
+}
+
 static inline size_t gpt2_num_params(const GPT2Config* c) {
     size_t sizes[NUM_PARAMETER_TENSORS];
     gpt2_param_sizes(c, sizes);
@@ -181,19 +194,40 @@ static inline GPT2Config gpt2_read_model_header(FILE* fp, const char* path) {
     return c;
 }
 
+// The last model file gpt2_read_model read: its size and checksum as it was read, so that a
+// resume compares them with the checkpoint's manifest (llmc/checkpoint.h) without a second pass
+// over the file. A resume says first which file it expects (expect_path, expected); if that file
+// reads otherwise, it is marked damaged and returned unchecked, and the resume falls back to an
+// older checkpoint. Every other file must hold finite values only.
+typedef struct {
+    char expect_path[4096];
+    FileDigest expected;
+    FileDigest got;
+    int damaged;
+} GPT2ModelRead;
+static GPT2ModelRead gpt2_model_read;
+
 // reads a whole model file; returns the parameters (malloc'ed, caller frees)
 static inline float* gpt2_read_model(const char* path, GPT2Config* config) {
-    FILE* fp = fopenCheck(path, "rb");
-    *config = gpt2_read_model_header(fp, path);
+    HashedFile* file = hashed_open(path, 1024);  // (a buffer of the header alone: the rest is read direct)
+    *config = gpt2_read_model_header(file->fp, path);
     size_t n = gpt2_num_params(config);
     float* params = (float*)mallocCheck(n * sizeof(float));
-    freadCheck(params, sizeof(float), n, fp, path);
-    fclose(fp);
+    hashed_read_direct(file, params, n * sizeof(float));
+    gpt2_model_read.got = hashed_close(file);
+    gpt2_model_read.damaged = strcmp(gpt2_model_read.expect_path, path) == 0 &&
+                              !file_digest_equal(gpt2_model_read.got, gpt2_model_read.expected);
+    const char* bad = gpt2_model_read.damaged ? NULL : gpt2_first_nonfinite_tensor(config, params);
+    if (bad != NULL) {
+        fatal("%s: tensor %s holds a nan or an inf (hint: no learning rate trains such a model: the file is "
+                "damaged, or was written after training diverged; take another model file or checkpoint)",
+                path, bad);
+    }
     return params;
 }
 
-// writes a model file atomically (tmp + fsync + rename)
-static inline void gpt2_write_model(const char* path, const GPT2Config* c, const float* params) {
+// writes a model file atomically (tmp + fsync + rename); returns its size and checksum
+static inline FileDigest gpt2_write_model(const char* path, const GPT2Config* c, const float* params) {
     int header[256] = {0};
     header[0] = GPT2_MODEL_MAGIC;
     header[1] = GPT2_MODEL_VERSION_FP32;
@@ -203,11 +237,10 @@ static inline void gpt2_write_model(const char* path, const GPT2Config* c, const
     header[5] = c->num_heads;
     header[6] = c->channels;
     header[7] = c->padded_vocab_size;
-    char tmp[4096];
-    FILE* fp = atomic_write_open(path, tmp, sizeof(tmp));
-    fwriteCheck(header, sizeof(int), 256, fp, tmp);
-    fwriteCheck(params, sizeof(float), gpt2_num_params(c), fp, tmp);
-    atomic_write_commit(fp, tmp, path);
+    HashedFile* file = hashed_create(path);
+    fwriteCheck(header, sizeof(int), 256, file->fp, file->tmp);
+    fwriteCheck(params, sizeof(float), gpt2_num_params(c), file->fp, file->tmp);
+    return hashed_commit(file);
 }
 
 // ----------------------------------------------------------------------------

@@ -25,15 +25,28 @@ can name the caller's file and line when the problem is ours rather than the use
 
 // Fuzzers (dev/fuzz) point this at a jmp_buf to get control back instead of an exit.
 static jmp_buf* fatal_jump = NULL;
+// A resume trying a checkpoint (llmc/checkpoint.h) sets this: fatal then throws FatalError
+// (destructors run, nothing leaks) and keeps its message in fatal_message, unprinted, for the
+// caller to report or drop.
+struct FatalError {};
+static int fatal_throws = 0;
+static char fatal_message[1024];
+// a temporary file being written (llmc/hashed_file.h): removed by fatal, so that a failed write
+// (a full disk) leaves nothing behind
+static const char* fatal_unlink = NULL;
 
 [[noreturn]] static inline void fatal(const char* fmt, ...) {
     va_list args;
     va_start(args, fmt);
-    fprintf(stderr, "error: ");
-    vfprintf(stderr, fmt, args);
-    fprintf(stderr, "\n");
+    vsnprintf(fatal_message, sizeof(fatal_message), fmt, args);
     va_end(args);
+    if (!fatal_throws) { fprintf(stderr, "error: %s\n", fatal_message); }
     fflush(stdout);
+    if (fatal_unlink != NULL) {
+        unlink(fatal_unlink);
+        fatal_unlink = NULL;
+    }
+    if (fatal_throws) { throw FatalError{}; }
     if (fatal_jump != NULL) { longjmp(*fatal_jump, 1); }
     exit(EXIT_FAILURE);
 }
@@ -106,34 +119,11 @@ static inline long long file_size_bytes(const char* path) {
 }
 
 // Fault injection for the failure tests: 1 when the environment variable `name` is set to
-// `value` (DEBUG_KILL_IN_WRITE=2: the second file write is killed; zenflow.h has two more)
+// `value` (DEBUG_KILL_IN_WRITE=2: the second file write is killed, hashed_file.h; zenflow.h has
+// two more)
 static inline int debug_fail_at(const char* name, long value) {
     const char* at = getenv(name);
     return at != NULL && atol(at) == value;
-}
-
-// ----------------------------------------------------------------------------
-// files written so that a crash never leaves a half-written file under the real name:
-// write to "<path>.tmp", fsync, rename. atomic_write_open returns the tmp file to write.
-
-static inline FILE* atomic_write_open(const char* path, char* tmp_path, size_t tmp_size) {
-    int n = snprintf(tmp_path, tmp_size, "%s.tmp", path);
-    if (n < 0 || (size_t)n >= tmp_size) { fatal("%s: path too long", path); }
-    return fopenCheck(tmp_path, "wb");
-}
-
-static inline void atomic_write_commit(FILE* fp, const char* tmp_path, const char* path) {
-    // the kill test (dev/test/test_resume.py): SIGKILL in the n-th write, before all of it has reached the file (what a
-    // power cut or the OOM killer may do at that moment, made certain)
-    static int writes = 0;
-    if (debug_fail_at("DEBUG_KILL_IN_WRITE", ++writes)) { raise(SIGKILL); }
-    if (fflush(fp) != 0 || fsync(fileno(fp)) != 0) {
-        fatal("%s: flush failed: %s (hint: is the disk full?)", tmp_path, strerror(errno));
-    }
-    if (fclose(fp) != 0) { fatal("%s: close failed: %s", tmp_path, strerror(errno)); }
-    if (rename(tmp_path, path) != 0) {
-        fatal("%s: rename to %s failed: %s", tmp_path, path, strerror(errno));
-    }
 }
 
 // ----------------------------------------------------------------------------

@@ -18,6 +18,7 @@ tokens N), then N uint16 token ids, all little-endian.
 """
 
 import contextlib
+import csv
 import hashlib
 import os
 import sys
@@ -62,6 +63,20 @@ def exit_on_input_error():
         yield
     except InputError as e:
         print(e, file=sys.stderr)
+        sys.exit(1)
+
+
+@contextlib.contextmanager
+def one_line_errors(path, kind, hint="check the path"):
+    """For scripts: a file that cannot be read or written, or that is not `kind` (a decode or
+    parse error while reading it), ends in one line on stderr and exit 1, not a traceback."""
+    try:
+        yield
+    except OSError as e:
+        print(f"error: {e.filename or path}: {e.strerror or e} (hint: {hint})", file=sys.stderr)
+        sys.exit(1)
+    except (UnicodeDecodeError, ValueError, KeyError, IndexError, TypeError, csv.Error) as e:
+        print(f"error: {path}: not {kind} ({type(e).__name__}: {e})", file=sys.stderr)
         sys.exit(1)
 
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what the project's Python scripts need, from Debian's packages (and three from
-# PyPI, below), for /usr/bin/python3 (the interpreter the Makefile uses):
+# PyPI, below), for /usr/bin/python3 (the interpreter the Makefile uses), and the one header the
+# build needs beyond g++, xxhash.h (libxxhash-dev: the checkpoints' checksums, llmc/hashed_file.h):
 #   bash scripts/install_deps.sh run   what `make run` needs: python3-numpy and python3-regex
 #                                      (data preparation: GPT-2's tokenizer pattern)
 #   bash scripts/install_deps.sh       everything (`make test`): also python3-torch (the
@@ -16,6 +17,7 @@ wanted="numpy:python3-numpy regex:python3-regex"
 # need torch 2)
 PYPI_PINS="transformers==4.45.2 safetensors==0.8.0 huggingface_hub==0.36.2"
 missing=()
+[ -f /usr/include/xxhash.h ] || missing+=(libxxhash-dev)
 for pair in $wanted; do
     module=${pair%%:*}
     package=${pair#*:}
@@ -34,6 +36,7 @@ if [ ${#missing[@]} -gt 0 ]; then
     export DEBIAN_FRONTEND=noninteractive
     $SUDO apt-get update -qq
     $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+    [ -f /usr/include/xxhash.h ] || { echo "error: /usr/include/xxhash.h still missing after installing libxxhash-dev" >&2; exit 1; }
     for pair in $wanted; do
         pair=${pair%%:*}
         "$PYTHON" -c "import $pair" || { echo "error: $pair still not importable by $PYTHON after installing" >&2; exit 1; }

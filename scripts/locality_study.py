@@ -370,7 +370,7 @@ def run_trainer(args, scores_path):
     os.makedirs(args.workdir, exist_ok=True)
     cmd = [args.trainer, "-e", args.model, "-b", str(args.batch), "-t", str(args.seq),
            "-x", str(args.steps), "-l", str(args.lr), "-zo", args.mode, "-v", "0", "-s", "0",
-           "-zd", scores_path, "-o", args.workdir]
+           "-zd", scores_path, "-o", args.workdir, "-y", "2"]  # -y 2: the workdir's earlier run is replaced
     print("running: " + " ".join(cmd), file=sys.stderr)
     t0 = time.time()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -16,6 +16,10 @@ val loss of every run.
 import argparse
 import os
 import re
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # data_files, beside this script
+import data_files  # noqa: E402
 
 TRAIN_LOG = re.compile(r"^s:(\d+)\s+trl:([-+0-9.eEnaif]+)")
 VAL_LOG = re.compile(r"^s:(\d+)\s+tel:([-+0-9.eEnaif]+)")
@@ -36,7 +40,7 @@ def read_log(path):
                     dst.append((int(m.group(1)), float(m.group(2))))
                     break
     if not train and not val:
-        raise SystemExit(f"{path}: no loss lines found")
+        raise ValueError("no loss lines (s:<step> trl:<loss>, or the trainer's step lines)")
     return train, val
 
 
@@ -101,8 +105,10 @@ def main():
         label, sep, path = item.partition("=")
         if not sep:
             label, path = os.path.basename(os.path.dirname(os.path.abspath(item))), item
-        runs.append((label, read_log(path)))
-    plot(runs, args.out, args.smooth, args.title)
+        with data_files.one_line_errors(path, "a main.log or a trainer's output"):
+            runs.append((label, read_log(path)))
+    with data_files.one_line_errors(args.out, "a picture", "--out must be in a folder that exists"):
+        plot(runs, args.out, args.smooth, args.title)
     n = args.smooth or 20
     print(f"| run | steps | train loss (mean of last {n}) | final val loss |")
     print("| --- | --- | --- | --- |")

@@ -19,6 +19,10 @@ Usage: /usr/bin/python3 scripts/plot_step_time.py --csv build/bench/step_time_cp
 import argparse
 import csv
 import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # data_files, beside this script
+import data_files  # noqa: E402
 
 MODE_ORDER = ["adamw", "offload", "zenflow"]
 
@@ -39,7 +43,7 @@ def load(paths):
                              "d2h": num(r.get("pcie_mb_d2h")),
                              "h2d": num(r.get("pcie_mb_h2d"))})
     if not rows:
-        raise SystemExit("no rows in the CSV")
+        raise ValueError("no rows")
     return rows
 
 
@@ -110,7 +114,10 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--title")
     args = ap.parse_args()
-    plot(load(args.csv), args.out, args.title)
+    with data_files.one_line_errors(", ".join(args.csv), "a step-time CSV (device,model,mode,ms_per_step,...)"):
+        rows = load(args.csv)
+    with data_files.one_line_errors(args.out, "a picture", "--out must be in a folder that exists"):
+        plot(rows, args.out, args.title)
     print(f"wrote {args.out}")
 
 

@@ -20,6 +20,10 @@ Usage: /usr/bin/python3 scripts/plot_timeline.py --trace offload=build/bench/tra
 import argparse
 import json
 import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # data_files, beside this script
+import data_files  # noqa: E402
 
 TRACKS = [(1, "compute"), (2, "device->host"), (3, "host->device"), (6, "CPU accumulator"),
           (4, "CPU updater"), (5, "waits")]
@@ -82,11 +86,10 @@ def plot(traces, out, steps=None, title=None):
                              sharex=True, squeeze=False)
     seen = []
     span = 0.0
-    for ax, (label, path) in zip(axes[:, 0], traces):
-        names, events = load(path)
+    for ax, (label, path, (names, events)) in zip(axes[:, 0], traces):
         events = select(events, steps)
         if not events:
-            raise SystemExit(f"{path}: no events")
+            raise SystemExit(f"error: {path}: no events in the steps asked for")
         t0 = min(e["ts"] for e in events)
         span = max(span, max(e["ts"] + e["dur"] for e in events) - t0)
         ypos = {tid: len(TRACKS) - 1 - i for i, (tid, _) in enumerate(TRACKS)}
@@ -142,8 +145,10 @@ def main():
         label, sep, path = item.partition("=")
         if not sep:
             label, path = os.path.basename(item), item
-        traces.append((label, path))
-    plot(traces, args.out, parse_steps(args.steps), args.title)
+        with data_files.one_line_errors(path, "a trace file (-tr)"):
+            traces.append((label, path, load(path)))
+    with data_files.one_line_errors(args.out, "a picture", "--out must be in a folder that exists"):
+        plot(traces, args.out, parse_steps(args.steps), args.title)
     print(f"wrote {args.out}")
 
 

@@ -62,6 +62,13 @@ def main():
     train_path = out / "tinyshakespeare" / "tiny_shakespeare_train.bin"
     tok_path = out / "gpt2_tokenizer.bin"
     outputs = [val_path, train_path, tok_path]
+    out_hint = "--out names the folder to write into, which must be one this user can write"
+    with data_files.one_line_errors(out, "a folder", out_hint):  # before any work: --out can be written
+        if out.exists() and not out.is_dir():
+            raise NotADirectoryError(20, "not a folder", str(out))
+        val_path.parent.mkdir(parents=True, exist_ok=True)
+        if not os.access(val_path.parent, os.W_OK):
+            raise PermissionError(13, "not writable", str(val_path.parent))
 
     with data_files.exit_on_input_error():  # missing / wrong input: one line, exit 1
         text_path = data_files.input_path("tinyshakespeare.txt", args.data_dir)
@@ -86,11 +93,12 @@ def main():
     tokens = tokenize_sections(enc, text)
     val_tokens, train_tokens = tokens[:VAL_TOKENS], tokens[VAL_TOKENS:]
 
-    data_files.write_shard(val_path, val_tokens)
-    print(f"wrote {len(val_tokens):,} tokens to {val_path}")
-    data_files.write_shard(train_path, train_tokens)
-    print(f"wrote {len(train_tokens):,} tokens to {train_path}")
-    bpe.write_tokenizer_bin(enc, tok_path)
+    with data_files.one_line_errors(out, "a folder", out_hint):
+        data_files.write_shard(val_path, val_tokens)
+        print(f"wrote {len(val_tokens):,} tokens to {val_path}")
+        data_files.write_shard(train_path, train_tokens)
+        print(f"wrote {len(train_tokens):,} tokens to {train_path}")
+        bpe.write_tokenizer_bin(enc, tok_path)
     print(f"wrote {enc.vocab_size:,} tokens (eot {enc.eot}) to {tok_path}")
     print(f"done in {time.time() - t0:.1f}s")
 

@@ -1,5 +1,6 @@
 // libFuzzer target: the training-state reader of a checkpoint (train_gpt2.cpp,
-// read_checkpoint_state -> zenflow.h zf_load_state), for a fixed tiny model in zenflow mode.
+// read_checkpoint_state -> zenflow.h zf_load_state), for a fixed tiny model in zenflow mode; and
+// the manifest reader (llmc/checkpoint.h, manifest_read), on the same bytes.
 // The seed corpus holds a real state file of that model (dev/fuzz/make_seeds.py).
 #define TESTING
 #include "../../train_gpt2.cpp"
@@ -31,20 +32,28 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         dataloader_init(&loader, shard, 4, 16, 97);
         ready = 1;
     }
-    char path[128];
+    char path[128], manifest[128];
     snprintf(path, sizeof(path), "%s/state_00000006.bin", dir);
-    FILE* fp = fopen(path, "wb");
-    if (size > 0) { fwrite(data, 1, size, fp); }
-    fclose(fp);
+    snprintf(manifest, sizeof(manifest), "%s/manifest_00000006.txt", dir);
+    for (const char* p : {path, manifest}) {
+        FILE* out = fopen(p, "wb");
+        if (size > 0) { fwrite(data, 1, size, out); }
+        fclose(out);
+    }
+    Manifest m;
+    char why[512];
+    manifest_read(dir, 6, &m, why, sizeof(why));  // (never fatal: it says why it does not take a manifest)
+    FILE* fp = fopen(path, "rb");
     int floor = fuzz_fd_floor();
     jmp_buf jump;
     fatal_jump = &jump;
-    uint64_t rng = 0;
+    uint64_t rng = 0, run_id = 0;
     if (setjmp(jump) == 0) {
-        read_checkpoint_state(dir, 6, OptimizerState{&zf, zf_save_state, zf_load_state}, &loader, &rng);
+        read_checkpoint_state(fp, path, 6, OptimizerState{&zf, zf_save_state, zf_load_state}, &loader, &rng, &run_id);
     } else {
         fuzz_close_fds_from(floor);
     }
     fatal_jump = NULL;
+    fclose(fp);
     return 0;
 }

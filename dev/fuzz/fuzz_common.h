@@ -15,6 +15,8 @@ Build and run: `make fuzz` (clang, -fsanitize=fuzzer,address,undefined; bounded 
 #include <stdio.h>
 #include <unistd.h>
 
+#include "../../llmc/hashed_file.h"
+
 // writes the input to a per-process temporary file and returns its path
 static const char* fuzz_write_input(const uint8_t* data, size_t size) {
     static char path[64];
@@ -26,8 +28,9 @@ static const char* fuzz_write_input(const uint8_t* data, size_t size) {
     return path;
 }
 
-// A rejected input may leave the reader's file open (it never got to fclose): close every
-// descriptor opened since `floor`, so a long run does not run out of them.
+// A rejected input may leave the reader's file open (it never got to fclose): free the
+// checksummed streams (llmc/hashed_file.h) and close every descriptor opened since `floor`, so a
+// long run runs out of neither memory nor descriptors.
 static int fuzz_fd_floor(void) {
     int fd = dup(0);
     close(fd);
@@ -35,6 +38,7 @@ static int fuzz_fd_floor(void) {
 }
 
 static void fuzz_close_fds_from(int floor) {
+    hashed_abandon_all();
     for (int fd = floor; fd < floor + 32; fd++) { close(fd); }
 }
 

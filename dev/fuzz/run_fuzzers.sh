@@ -35,6 +35,7 @@ PY
     -v 0 -s 0 -zk 0.25 -zu 3 -o "$tmp/run" > /dev/null
 cp "$tmp/run/model_00000006.bin" "$B/seeds/model/tiny.bin"
 cp "$tmp/run/state_00000006.bin" "$B/seeds/checkpoint/state.bin"
+cp "$tmp/run/manifest_00000006.txt" "$B/seeds/checkpoint/manifest.txt"
 rm -rf "$tmp"
 
 export ASAN_OPTIONS=detect_leaks=0

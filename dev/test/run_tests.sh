@@ -182,6 +182,10 @@ run_test llmc_cpu "$PYTHON" dev/test/test_llmc_cpu.py
 run_test emu_llmc_cpu "$PYTHON" dev/test/test_llmc_cpu.py --ours build/emu/train_gpt2cu --cuda
 run_test failures_cpu "$PYTHON" dev/test/test_failures.py ./train_gpt2cpu dev/test/ref/tiny
 run_test emu_failures "$PYTHON" dev/test/test_failures.py build/emu/train_gpt2cu dev/test/ref/tiny --steps 30
+# the output directory's faults (a second run, damaged checkpoints, two runs at once, signals,
+# resume told otherwise, disk full, stale .tmp) and what is on disk after each, both trainers
+run_test output_dir_cpu "$PYTHON" dev/test/test_output_dir.py ./train_gpt2cpu dev/test/ref/tiny
+run_test emu_output_dir "$PYTHON" dev/test/test_output_dir.py build/emu/train_gpt2cu dev/test/ref/tiny --steps 30
 
 if [ -x ./test_gpt2cu ]; then
     # without a GPU the binary itself reports SKIPPED with the CUDA runtime's reason

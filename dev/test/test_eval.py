@@ -223,7 +223,7 @@ def main():
                             + ("" if same else f"\n     trainer {got}\n     pytorch {want}"))
             # resume from step 2: the state file carries the generator, so step 4 draws the same
             os.makedirs(resumed)
-            for name in (f"model_{EVERY:08d}.bin", f"state_{EVERY:08d}.bin"):
+            for name in (f"model_{EVERY:08d}.bin", f"state_{EVERY:08d}.bin", f"manifest_{EVERY:08d}.txt"):
                 shutil.copy(os.path.join(out, name), resumed)
             try:
                 again = trainer_samples(run(base + ["-o", resumed, "-y", "1"]))

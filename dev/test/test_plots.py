@@ -355,6 +355,27 @@ def test_plot_loss(tmp):
     check_png(out)
 
 
+def test_path_errors(tmp):
+    """a missing or binary input, and prepare_tinyshakespeare.py's --out at a file or where no
+    folder can be made, end in one line on stderr naming the path, and exit 1"""
+    binary = os.path.join(tmp, "binary.dat")
+    with open(binary, "wb") as f:
+        f.write(bytes(range(256)) * 8)
+    missing = os.path.join(tmp, "missing.file")
+    png = os.path.join(tmp, "e.png")
+    cases = []
+    for script, flag in (("plot_loss.py", "--log"), ("plot_step_time.py", "--csv"), ("plot_timeline.py", "--trace")):
+        cases += [(script, [flag, path, "--out", png], path) for path in (missing, binary)]
+    cases += [("prepare_tinyshakespeare.py", ["--out", binary], binary),
+              ("prepare_tinyshakespeare.py", ["--out", os.path.join(binary, "sub")], "binary.dat")]
+    for script, args, needle in cases:
+        res = subprocess.run([sys.executable, os.path.join(SCRIPTS, script)] + args, cwd=ROOT, capture_output=True,
+                             text=True, timeout=120)
+        lines = [l for l in res.stderr.splitlines() if l.strip()]
+        assert res.returncode == 1 and len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], \
+            f"{script} {' '.join(args)}: exit {res.returncode}, stderr {lines[-3:]}"
+
+
 def main():
     t_start = time.time()
     passed, failed = 0, 0
@@ -375,6 +396,7 @@ def main():
             ("plot_step_time", lambda: test_plot_step_time(tmp, csvs)),
             ("plot_timeline", lambda: test_plot_timeline(tmp)),
             ("plot_loss", lambda: test_plot_loss(tmp)),
+            ("path errors: one line, no traceback", lambda: test_path_errors(tmp)),
         ]
         for name, fn in tests:
             t0 = time.time()

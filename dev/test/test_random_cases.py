@@ -248,7 +248,7 @@ def check_trainer(trainer, d, c, seed, i):
         every = int(extra["-n"])
         at = rng.choice(range(every, steps, every))
         os.makedirs(B)
-        for name in (f"model_{at:08d}.bin", f"state_{at:08d}.bin"):
+        for name in (f"model_{at:08d}.bin", f"state_{at:08d}.bin", f"manifest_{at:08d}.txt"):
             shutil.copy(os.path.join(A, name), B)
         train(B, "-v", extra["-v"], "-s", extra["-s"], "-n", extra["-n"], "-y", "1")
         flags += f", resumed at step {at}"

@@ -14,9 +14,9 @@ of a window with the CPU's update still in flight.
    byte-identical to the uninterrupted run's. The kill times are seeded (reproducible).
 3. kill inside a write, for certain (the random kills rarely hit one: the tiny model's files
    take microseconds to write): the trainer's switch DEBUG_KILL_IN_WRITE=n kills it in its n-th
-   file write, in the second checkpoint's model file, then in its state file; only a
-   temporary file may be left, and the resumed run starts from the first checkpoint and ends
-   byte-identical.
+   file write, in the second checkpoint's model file, then in its state file, then in its
+   manifest; only a temporary file may be left, and the resumed run removes it, starts from the
+   first checkpoint (naming the second as skipped) and ends byte-identical.
 
 The case dir is a test reference (dev/test/ref/tiny: model.bin, train.bin). Prints one line
 per check and `resume: N passed, M failed`; exit 1 on failure.
@@ -57,12 +57,14 @@ def trainer_args(trainer, case, outdir, extra):
 
 
 def losses(outdir):
-    """step -> loss text from main.log; a resumed run may log a step twice, the last wins"""
+    """step -> loss text from main.log, which holds each step once (a resume cuts it back)"""
     out = {}
     with open(os.path.join(outdir, "main.log")) as f:
         for line in f:
             if " trl:" in line:
                 step, loss = line.split()
+                if int(step[2:]) in out:
+                    raise ValueError(f"{outdir}/main.log: step {step[2:]} twice")
                 out[int(step[2:])] = loss[4:]
     return out
 
@@ -93,7 +95,7 @@ def main():
             # resume from the first checkpoint alone
             part = os.path.join(tmp, f"{mode}_part")
             os.mkdir(part)
-            for name in (f"model_{CKPT:08d}.bin", f"state_{CKPT:08d}.bin"):
+            for name in (f"model_{CKPT:08d}.bin", f"state_{CKPT:08d}.bin", f"manifest_{CKPT:08d}.txt"):
                 shutil.copy(os.path.join(full, name), part)
             with open(os.path.join(full, "main.log")) as f, open(os.path.join(part, "main.log"), "w") as g:
                 g.writelines(l for l in f if int(l.split()[0][2:]) <= CKPT)
@@ -144,13 +146,16 @@ def main():
         report(same and restarts == kills,
                f"kill test: {restarts} SIGKILLs (of {kills} asked for) at random moments, resumed with -y 1: "
                f"final model {'byte-identical' if same else 'DIFFERENT or missing'}")
+        same_log = done and losses(outdir) == losses(os.path.join(tmp, f"{mode}_full"))
+        report(same_log, f"kill test: main.log {'holds each step once, the losses equal' if same_log else 'DIFFERS'}")
         leftovers = [n for n in os.listdir(outdir) if n.endswith(".tmp")] if done else []
-        # a .tmp file may be left by a kill during a write; it must never be mistaken for a checkpoint
-        print(f"      ({len(leftovers)} temporary files left by kills during writes, ignored by -y)")
+        # a kill during a write leaves a .tmp, which the next run removes at its start
+        report(leftovers == [], f"kill test: temporary files left at the end: {leftovers}")
 
-        # kill inside a write: writes 1 and 2 are the first checkpoint's model and state file,
-        # 3 and 4 the second's
-        for n, name in ((3, f"model_{2 * CKPT:08d}.bin"), (4, f"state_{2 * CKPT:08d}.bin")):
+        # kill inside a write: writes 1, 2 and 3 are the first checkpoint's model, state and
+        # manifest, 4, 5 and 6 the second's
+        for n, name in ((4, f"model_{2 * CKPT:08d}.bin"), (5, f"state_{2 * CKPT:08d}.bin"),
+                        (6, f"manifest_{2 * CKPT:08d}.txt")):
             outdir = os.path.join(tmp, f"kill_in_write_{n}")
             env = dict(os.environ, DEBUG_KILL_IN_WRITE=str(n))
             first = subprocess.run(trainer_args(trainer, case, outdir, extra), env=env, capture_output=True)
@@ -159,10 +164,13 @@ def main():
             r = subprocess.run(trainer_args(trainer, case, outdir, extra + ["-y", "1"]), capture_output=True,
                                text=True)
             resumed = f"resumed from the checkpoint of step {CKPT}" in r.stdout
+            # killed after the model file was renamed, checkpoint 14 is there without a manifest
+            skipped = (f"skipped newer checkpoints: {2 * CKPT} (no manifest" in r.stdout) == (n > 4)
             same = r.returncode == 0 and final_model(outdir) == full
-            report(killed and left == [name + ".tmp"] and resumed and same,
+            report(killed and left == [name + ".tmp"] and resumed and skipped and same,
                    f"kill inside the write of {name}: {'killed' if killed else 'NOT KILLED'}, left "
-                   f"{left}, resumed from step {CKPT}: {'yes' if resumed else 'NO'}, final model "
+                   f"{left}, resumed from step {CKPT}: {'yes' if resumed else 'NO'}"
+                   f"{'' if n == 4 else ', the newer one named as skipped' if skipped else ', skipped NOT NAMED'}, final model "
                    f"{'byte-identical' if same else 'DIFFERENT or missing: ' + r.stderr.strip()[:200]}")
     print(f"resume: {passed} passed, {failed} failed")
     return 0 if failed == 0 else 1

@@ -84,6 +84,7 @@ def main():
         for shape in SHAPES:
             for mode in MODES:
                 base = os.path.join(tmp, "native")
+                shutil.rmtree(base, ignore_errors=True)  # (an -o that holds a run is refused)
                 try:
                     train(native, case, base, shape, mode)
                 except (RuntimeError, subprocess.TimeoutExpired) as e:
