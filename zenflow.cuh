@@ -558,15 +558,24 @@ static void zf_moments_transpose(const ZenFlow* zf, const float* src, float* dst
     }
 }
 
-// both moments, through the pinned host scratch (synchronous copies)
+// the host scratch of the moments' layout change (made at the first use outside zenflow mode)
+static float* zf_cuda_host_moments(ZfCudaDevice* dev, const ZenFlow* zf) {
+    if (dev->host_moments == NULL) {
+        dev->host_moments = (float*)mallocCheck((zf->own.vector_elems + zf->own.gpu_capacity) * sizeof(float));
+    }
+    return dev->host_moments;
+}
+
+// both moments, through the host scratch (synchronous copies)
 static void zf_cuda_moments_to_host(void* ctx, const ZenFlow* zf, float* m, float* v) {
     ZfCudaDevice* dev = (ZfCudaDevice*)ctx;
     size_t n = zf->own.vector_elems + zf->own.gpu_sel_elems;
+    float* scratch = zf_cuda_host_moments(dev, zf);
     float* device_bufs[2] = {dev->m, dev->v};
     float* host_bufs[2] = {m, v};
     for (int i = 0; i < 2; i++) {
-        cudaCheck(cudaMemcpy(dev->host_moments, device_bufs[i], n * sizeof(float), cudaMemcpyDeviceToHost));
-        zf_moments_transpose(zf, dev->host_moments, host_bufs[i], 0);
+        cudaCheck(cudaMemcpy(scratch, device_bufs[i], n * sizeof(float), cudaMemcpyDeviceToHost));
+        zf_moments_transpose(zf, scratch, host_bufs[i], 0);
     }
     dev->stats.d2h_bytes += 2LL * n * sizeof(float);
 }
@@ -576,9 +585,10 @@ static void zf_cuda_moments_from_host(void* ctx, const ZenFlow* zf, const float*
     size_t n = zf->own.vector_elems + zf->own.gpu_sel_elems;
     float* device_bufs[2] = {dev->m, dev->v};
     const float* host_bufs[2] = {m, v};
+    float* scratch = zf_cuda_host_moments(dev, zf);
     for (int i = 0; i < 2; i++) {
-        zf_moments_transpose(zf, host_bufs[i], dev->host_moments, 1);
-        cudaCheck(cudaMemcpy(device_bufs[i], dev->host_moments, n * sizeof(float), cudaMemcpyHostToDevice));
+        zf_moments_transpose(zf, host_bufs[i], scratch, 1);
+        cudaCheck(cudaMemcpy(device_bufs[i], scratch, n * sizeof(float), cudaMemcpyHostToDevice));
     }
     dev->stats.h2d_bytes += 2LL * n * sizeof(float);
 }
@@ -816,7 +826,8 @@ static void zf_cuda_init(ZenFlow* zf, ZfCudaDevice* dev, float* params, float* g
     dev->v = cuda_malloc(g * sizeof(float), "ZenFlow GPU moments v");
     cudaCheck(cudaMemset(dev->m, 0, g * sizeof(float)));
     cudaCheck(cudaMemset(dev->v, 0, g * sizeof(float)));
-    dev->host_moments = (float*)mallocCheck(g * sizeof(float));
+    // zenflow mode: kept (and pinned) for its selections; other modes: made at a checkpoint
+    if (c->mode == ZF_MODE_ZENFLOW) { dev->host_moments = (float*)mallocCheck(g * sizeof(float)); }
     dev->scores = cuda_malloc(own->total_cols * sizeof(float), "ZenFlow column scores");
     dev->score_partial = cuda_malloc((size_t)COLSUM_MAX_CHUNKS * max_cols * sizeof(float), "ZenFlow column scores");
     if (c->update_interval == ZF_AUTO) {  // spec 6's sums: chunks of either side, at most
@@ -846,7 +857,7 @@ static void zf_cuda_init(ZenFlow* zf, ZfCudaDevice* dev, float* params, float* g
     zf_cuda_add_fence(dev, zf->win.acc_job, bytes, gpu_acc && c->overlap);
     zf_cuda_add_fence(dev, zf->landing.buf[0], bytes, 1);
     zf_cuda_add_fence(dev, zf->landing.buf[1], bytes, 1);
-    zf_cuda_add_fence(dev, dev->host_moments, g * sizeof(float), 1);  // a selection's, a checkpoint's copies
+    zf_cuda_add_fence(dev, dev->host_moments, g * sizeof(float), 1);  // a selection's copies (NULL: none)
 
     ZfCudaStats* st = &dev->stats;
     cudaCheck(cudaEventCreate(&st->step_begin));

@@ -130,7 +130,7 @@ typedef struct {
     void (*abs_sums_wait)(void* ctx, const struct ZenFlow* zf);
     void (*grads_from_host)(void* ctx, const struct ZenFlow* zf, const float* host);
     void (*host_blocks)(void* ctx, int begin);
-    int host_moment_copies;  // host buffers of all GPU moments the backend keeps (memory check)
+    int host_moment_copies;  // host buffers of all GPU moments the backend keeps in zenflow mode
 } ZfBackend;
 
 // a job on one of the CPU's worker threads; ticket -1: none
@@ -932,12 +932,13 @@ static inline int zf_landing_buffers(const ZfConfig* cfg) {
 }
 
 // The most host memory zf_init allocates, in bytes: master, m, v (c floats each); in zenflow
-// mode the two accumulators and the GPU-side moments' four copies (g each); the migration's m
-// and v; the landing buffers; the backend's copies of the GPU moments (g each).
+// mode the two accumulators, the GPU-side moments' four copies and the backend's (g each); the
+// migration's m and v; the landing buffers. (Other modes move the GPU's moments to the host at
+// a checkpoint only, through buffers made then.)
 static inline double zf_host_bytes(const ZfConfig* cfg, size_t c, size_t g, int backend_copies) {
     const int zenflow = cfg->mode == ZF_MODE_ZENFLOW, migrates = zf_migrates(cfg);
     return 4.0 * ((3.0 + 2.0 * zenflow + 2.0 * migrates + zf_landing_buffers(cfg)) * c +
-                  (4.0 * zenflow + backend_copies) * g);
+                  (4.0 + backend_copies) * zenflow * g);
 }
 
 // The host memory a new allocation can have without swapping, in bytes (-1 where it cannot

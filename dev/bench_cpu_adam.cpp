@@ -110,7 +110,7 @@ static void run_adam_mean(void* a) {
 }
 static void run_accumulate(void* a) {
     AdamArgs* x = (AdamArgs*)a;
-    zf_cpu_accumulate(x->acc, x->g, x->n);
+    zf_cpu_accumulate(x->acc, x->g, x->n, 0);
 }
 // The memory traffic of AdamW with almost no arithmetic: what this access pattern can
 // reach on this machine, a second, pattern-matched ceiling next to the memcpy one.
@@ -167,11 +167,7 @@ typedef struct {
 
 static int accumulate_job(void* arg) {
     AccumulateArgs* x = (AccumulateArgs*)arg;
-    if (x->first) {
-        zf_accumulate_first(x->acc, x->g, x->n);
-    } else {
-        zf_cpu_accumulate(x->acc, x->g, x->n);
-    }
+    zf_cpu_accumulate(x->acc, x->g, x->n, x->first);
     return 0;
 }
 
