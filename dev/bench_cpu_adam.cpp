@@ -21,7 +21,7 @@
 // way predictor. "staggered" puts the arrays 64 KB further apart than back to back,
 // "back to back" packs them (for n = 32M that is exactly 128 MB apart: the bad case).
 #include "../cpu_adam.h"
-#include "../zenflow.h"  // zf_accumulate_first: a window's first accumulation, as the trainer runs it
+#include "../zenflow.h"
 
 #include <algorithm>
 #include <chrono>
