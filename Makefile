@@ -197,9 +197,11 @@ gpu_refs: refs
 	rm -rf build/gpu_refs && mkdir -p build/gpu_refs/vocab
 	cp -r $(REF_DIR)/tiny $(REF_DIR)/zf_* build/gpu_refs/
 	cp $(REF_DIR)/vocab/train.bin build/gpu_refs/vocab/
+	mkdir -p build/gpu_refs/include && cp /usr/include/xxhash.h build/gpu_refs/include/
 	(git describe --always --dirty --abbrev=7 2>/dev/null || echo "unknown (no git)") > build/gpu_refs/COMMIT
 # dev/gpu_check.sh run through every stage on the CPU emulator, before a GPU machine runs it
-# (dev/cuda/emu/rehearse_gpu_check.sh; needs nvcc for the host code, 5 to 7 minutes)
+# (dev/cuda/emu/rehearse_gpu_check.sh: every stage in the plan's order; needs nvcc for the host
+# code, 25 to 45 minutes)
 gpu_rehearsal: emu refs
 	bash dev/cuda/emu/rehearse_gpu_check.sh
 $(REF_DIR)/.stamp: dev/test/make_refs.sh scripts/gpt2_reference.py scripts/zenflow_reference.py

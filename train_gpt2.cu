@@ -95,7 +95,7 @@ static float* point_activations(ActivationTensors* a, const size_t sizes[NUM_ACT
 }
 
 // scratch: buffers every layer reuses, in the forward pass or the backward pass
-#define NUM_SCRATCH_TENSORS 7
+#define NUM_SCRATCH_TENSORS 6
 typedef struct {
     float* qkv;        // (B, T, 3C)     forward: qkv matmul output;  backward: dqkv
     float* att;        // (B, NH, T, T)  forward: preatt;             backward: datt, then dpreatt
@@ -103,19 +103,16 @@ typedef struct {
     float* dresidual;  // (B, T, C)      backward: gradient of the residual stream
     float* dbtc;       // (B, T, C)      backward: dlnf, dln2, datty, dln1
     float* d4c;        // (B, T, 4C)     backward: dfch_gelu -> dfch; then dq, dk, dv, dvaccum
-    float* colsum;     // (128, 4C)      partial column sums of bias / LayerNorm gradients
 } ScratchTensors;
 
 static void scratch_sizes(size_t sizes[NUM_SCRATCH_TENSORS], const GPT2Config* c, int B, int T) {
     size_t C = c->channels, NH = c->num_heads, BT = (size_t)B * T;
-    size_t s[NUM_SCRATCH_TENSORS] = {BT * 3 * C, (size_t)B * NH * T * T, BT * C, BT * C,
-                                     BT * C,     BT * 4 * C,             (size_t)COLSUM_MAX_CHUNKS * 4 * C};
+    size_t s[NUM_SCRATCH_TENSORS] = {BT * 3 * C, (size_t)B * NH * T * T, BT * C, BT * C, BT * C, BT * 4 * C};
     memcpy(sizes, s, sizeof(s));
 }
 
 static float* point_scratch(ScratchTensors* s, const size_t sizes[NUM_SCRATCH_TENSORS], float* memory) {
-    float** ptrs[NUM_SCRATCH_TENSORS] = {&s->qkv, &s->att, &s->btc, &s->dresidual, &s->dbtc, &s->d4c,
-                                         &s->colsum};
+    float** ptrs[NUM_SCRATCH_TENSORS] = {&s->qkv, &s->att, &s->btc, &s->dresidual, &s->dbtc, &s->d4c};
     for (int i = 0; i < NUM_SCRATCH_TENSORS; i++) {
         *ptrs[i] = memory;
         memory += sizes[i];
@@ -363,30 +360,30 @@ void gpt2_backward(GPT2* model) {
     float* dres = s.dresidual;  // (B, T, C): d loss / d (residual stream at the current depth)
 
     // classifier: a.logits already holds dlogits (fused classifier)
-    matmul_backward(s.dbtc, g.wte, NULL, s.colsum, a.logits, a.lnf, p.wte, BT, C, Vp);  // dlnf
+    matmul_backward(s.dbtc, g.wte, NULL, a.logits, a.lnf, p.wte, BT, C, Vp);  // dlnf
     cudaCheck(cudaMemset(dres, 0, BTC * sizeof(float)));
-    layernorm_backward(dres, g.lnfw, g.lnfb, s.colsum, s.dbtc, a.residual3 + (L - 1) * BTC, p.lnfw,
+    layernorm_backward(dres, g.lnfw, g.lnfb, s.dbtc, a.residual3 + (L - 1) * BTC, p.lnfw,
                        a.lnf_mean, a.lnf_rstd, BT, C);
     for (int l = L - 1; l >= 0; l--) {
         const float* residual = l == 0 ? a.encoded : a.residual3 + (l - 1) * BTC;
         const size_t lbt = (size_t)l * BT;
         // MLP block, in reverse. d residual3 = dres; it flows unchanged into fcproj and
         // residual2 (residual add), and the LayerNorm adds its part to it.
-        matmul_backward(s.d4c, g.fcprojw + (size_t)l * 4 * C * C, g.fcprojb + l * C, s.colsum, dres,
+        matmul_backward(s.d4c, g.fcprojw + (size_t)l * 4 * C * C, g.fcprojb + l * C, dres,
                         a.fch_gelu + l * 4 * BTC, p.fcprojw + (size_t)l * 4 * C * C, BT, 4 * C, C);  // dfch_gelu
         gelu_backward_inplace(s.d4c, a.fch + l * 4 * BTC, 4 * BTC);  // dfch
-        matmul_backward(s.dbtc, g.fcw + (size_t)l * 4 * C * C, g.fcb + l * 4 * C, s.colsum, s.d4c,
+        matmul_backward(s.dbtc, g.fcw + (size_t)l * 4 * C * C, g.fcb + l * 4 * C, s.d4c,
                         a.ln2 + l * BTC, p.fcw + (size_t)l * 4 * C * C, BT, C, 4 * C);  // dln2
-        layernorm_backward(dres, g.ln2w + l * C, g.ln2b + l * C, s.colsum, s.dbtc, a.residual2 + l * BTC,
+        layernorm_backward(dres, g.ln2w + l * C, g.ln2b + l * C, s.dbtc, a.residual2 + l * BTC,
                            p.ln2w + l * C, a.ln2_mean + lbt, a.ln2_rstd + lbt, BT, C);  // dres = d residual2
         // attention block, in reverse
-        matmul_backward(s.dbtc, g.attprojw + (size_t)l * C * C, g.attprojb + l * C, s.colsum, dres,
+        matmul_backward(s.dbtc, g.attprojw + (size_t)l * C * C, g.attprojb + l * C, dres,
                         a.atty + l * BTC, p.attprojw + (size_t)l * C * C, BT, C, C);  // datty
         attention_backward(s.qkv, s.att, s.d4c, s.dbtc, a.qkvr + l * 3 * BTC, a.att + l * att_size, B, T,
                            C, NH);  // dqkv
-        matmul_backward(s.dbtc, g.qkvw + (size_t)l * 3 * C * C, g.qkvb + l * 3 * C, s.colsum, s.qkv,
+        matmul_backward(s.dbtc, g.qkvw + (size_t)l * 3 * C * C, g.qkvb + l * 3 * C, s.qkv,
                         a.ln1 + l * BTC, p.qkvw + (size_t)l * 3 * C * C, BT, C, 3 * C);  // dln1
-        layernorm_backward(dres, g.ln1w + l * C, g.ln1b + l * C, s.colsum, s.dbtc, residual,
+        layernorm_backward(dres, g.ln1w + l * C, g.ln1b + l * C, s.dbtc, residual,
                            p.ln1w + l * C, a.ln1_mean + lbt, a.ln1_rstd + lbt, BT, C);  // dres = d residual
         if (model->zf != NULL) { zf_backward_layer_done(model->zf, l); }  // its gradients may leave now
     }

@@ -11,8 +11,8 @@ last ulp of expf/logf/tanhf. Build with `-fmad=false` and without --use_fast_mat
 
 Determinism: no atomics anywhere. Every reduction has a fixed shape that depends only on
 the problem size: warp shuffles in a fixed butterfly, block reductions through shared
-memory, and sums over rows (bias / LayerNorm parameter gradients) in two passes, per-chunk
-partial sums then one warp per column adding the chunks in a fixed order. The embedding
+memory, and sums over rows (bias / LayerNorm parameter gradients) with a block per 8
+columns, each thread adding every 128th row in order, then a fixed tree. The embedding
 gradient adds the positions of each token in position order (the host buckets positions by
 token).
 cuBLASLt is deterministic for a given algorithm; we pick it once per problem shape.
@@ -170,20 +170,56 @@ __device__ inline float warp_sum(float v) {
     return v;
 }
 
-__device__ inline float warp_max(float v) {
-    for (int offset = 16; offset > 0; offset >>= 1) {
-        v = fmaxf(v, __shfl_xor_sync(0xffffffff, v, offset));
+// An online softmax (the attention's and the classifier's): the max and the sum of
+// exponentials in ONE pass over the elements, each thread keeping a running max and a sum
+// relative to it, then the threads' pairs merged.
+
+// a softmax's running max and the sum of expf(x - max) over the elements seen so far;
+// no element yet: {-INFINITY, 0}
+typedef struct {
+    float max, sum;
+} SoftmaxStats;
+
+// x joins the elements of st: a new max rescales the sum so far, which was relative to the old one
+__device__ inline void softmax_add(SoftmaxStats* st, float x) {
+    if (x > st->max) {
+        st->sum = st->sum * expf(st->max - x) + 1.0f;
+        st->max = x;
+    } else {
+        st->sum += expf(x - st->max);
     }
-    return v;
 }
 
-// Column sums over rows in two deterministic passes. Pass 1: block (32, 8) owns 32 columns
-// and one chunk of rows; each thread sums every 8th row of the chunk, then the 8 partial
-// sums are added in order. Pass 2: one warp per column; lane l adds chunks l, l + 32, l + 64,
-// ... in order, then warp_sum adds the 32 lanes' sums in its fixed butterfly. (One thread per
-// column would load its up to 128 partials one after the other, and a bias's few thousand
-// columns are too few threads to hide that.)
-// The chunking and both orders depend only on the number of rows, never on timing.
+// the stats of two disjoint sets of elements. Symmetric (merge(a, b) == merge(b, a) bit for
+// bit), so a butterfly leaves the same pair in every lane. A side with no element adds 0:
+// its sum times expf(-inf - max) would be NaN when both maxes are -inf.
+__device__ inline SoftmaxStats softmax_merge(SoftmaxStats a, SoftmaxStats b) {
+    SoftmaxStats m;
+    m.max = fmaxf(a.max, b.max);
+    float sa = a.max == -INFINITY ? 0.0f : a.sum * expf(a.max - m.max);
+    float sb = b.max == -INFINITY ? 0.0f : b.sum * expf(b.max - m.max);
+    m.sum = sa + sb;
+    return m;
+}
+
+__device__ inline SoftmaxStats warp_softmax_merge(SoftmaxStats a) {
+    for (int offset = 16; offset > 0; offset >>= 1) {
+        SoftmaxStats other = {__shfl_xor_sync(0xffffffff, a.max, offset), __shfl_xor_sync(0xffffffff, a.sum, offset)};
+        a = softmax_merge(a, other);
+    }
+    return a;
+}
+
+// Column sums over rows, deterministic, in two forms:
+// - the gradients' sums, every step (biases, LayerNorm's weight and bias), over the B*T rows
+//   of an activation gradient: one launch, below (column_block_sum);
+// - the selection's column scores (zenflow.cuh, once per S steps), over a weight gradient's
+//   rows, 50304 of them for the token embedding: two passes through a scratch buffer, which
+//   spread the rows over up to 128 chunks. Pass 1: block (32, 8) owns 32 columns and one
+//   chunk of rows; each thread sums every 8th row of the chunk, then the 8 partial sums are
+//   added in order. Pass 2: one warp per column; lane l adds chunks l, l + 32, l + 64, ... in
+//   order, then warp_sum adds the 32 lanes' sums in its fixed butterfly.
+// The chunking and every order depend only on the number of rows, never on timing.
 #define COLSUM_MAX_CHUNKS 128
 #define COLSUM_COLS_PER_BLOCK 8  // pass 2: 8 warps, 256 threads
 
@@ -245,6 +281,30 @@ static inline void column_sums(float* out, float* scratch, const float* x, int r
     cudaCheck(cudaGetLastError());
     column_sum_finalize(out, scratch, chunks, cols);
 }
+
+// The one-launch column sums: block (COLUMN_BLOCK_COLS, COLUMN_BLOCK_LANES) = (8, 128) owns 8
+// adjacent columns and reads every row; thread (x, y) adds rows y, y + 128, y + 256, ... of
+// column x in row order, then column_block_sum adds the 128 lanes' sums in a fixed tree.
+// Why 8 columns: 8 floats are one 32-byte sector, the unit in which the GPU reads memory, so
+// each warp's load (4 rows x 8 columns) wastes nothing, and a gradient of C = 768 columns still
+// makes 96 blocks. No second pass: no block needs another block's result (no atomics here).
+#define COLUMN_BLOCK_COLS 8
+#define COLUMN_BLOCK_LANES 128
+
+// s[y][x] for y < COLUMN_BLOCK_LANES: after the call s[0][x] holds their sum over y, added in a
+// fixed tree (lane y + stride into lane y, stride 64, 32, ..., 1). Every thread of the block
+// calls it, after writing its own s[threadIdx.y][threadIdx.x].
+__device__ inline void column_block_sum(float (*s)[COLUMN_BLOCK_COLS]) {
+    int x = threadIdx.x, y = threadIdx.y;
+    __syncthreads();  // every lane's sum is written
+    for (int stride = COLUMN_BLOCK_LANES / 2; stride > 0; stride >>= 1) {
+        if (y < stride) { s[y][x] += s[y + stride][x]; }
+        __syncthreads();
+    }
+}
+
+static inline dim3 column_block_grid(int cols) { return dim3(ceil_div(cols, COLUMN_BLOCK_COLS)); }
+static inline dim3 column_block_shape(void) { return dim3(COLUMN_BLOCK_COLS, COLUMN_BLOCK_LANES); }
 
 // ----------------------------------------------------------------------------
 // encoder: token + position embeddings
@@ -412,21 +472,19 @@ __global__ void layernorm_backward_input_kernel(float* __restrict__ dinp,       
     }
 }
 
-// pass 1 of dweight += sum_rows norm * dout and dbias += sum_rows dout (see column sums above)
-__global__ void layernorm_param_grad_partial_kernel(float* __restrict__ partial_w,
-                                                    float* __restrict__ partial_b,  // (chunks, C) each
-                                                    const float* __restrict__ dout,
-                                                    const float* __restrict__ inp,  // (N, C) each
-                                                    const float* __restrict__ mean,
-                                                    const float* __restrict__ rstd,  // (N) each
-                                                    int N, int C, int rows_per_chunk) {
-    __shared__ float sw[8][32], sb[8][32];
-    int c = blockIdx.x * 32 + threadIdx.x;
-    int r0 = blockIdx.y * rows_per_chunk;
-    int r1 = min(r0 + rows_per_chunk, N);
+// dweight += sum over rows of norm * dout and dbias += sum over rows of dout, in one launch
+// (the one-launch column sums above: block (8, 128), 8 columns, every row)
+__global__ void layernorm_param_grad_kernel(float* __restrict__ dweight, float* __restrict__ dbias,  // (C), (C)
+                                            const float* __restrict__ dout,
+                                            const float* __restrict__ inp,   // (N, C) each
+                                            const float* __restrict__ mean,
+                                            const float* __restrict__ rstd,  // (N) each
+                                            int N, int C) {
+    __shared__ float sw[COLUMN_BLOCK_LANES][COLUMN_BLOCK_COLS], sb[COLUMN_BLOCK_LANES][COLUMN_BLOCK_COLS];
+    int c = blockIdx.x * COLUMN_BLOCK_COLS + threadIdx.x;
     float dw = 0.0f, db = 0.0f;
     if (c < C) {
-        for (int r = r0 + threadIdx.y; r < r1; r += 8) {
+        for (int r = threadIdx.y; r < N; r += COLUMN_BLOCK_LANES) {
             float d = dout[(size_t)r * C + c];
             db += d;
             dw += (inp[(size_t)r * C + c] - mean[r]) * rstd[r] * d;
@@ -434,34 +492,26 @@ __global__ void layernorm_param_grad_partial_kernel(float* __restrict__ partial_
     }
     sw[threadIdx.y][threadIdx.x] = dw;
     sb[threadIdx.y][threadIdx.x] = db;
-    __syncthreads();
+    column_block_sum(sw);
+    column_block_sum(sb);
     if (threadIdx.y == 0 && c < C) {
-        float w = 0.0f, b = 0.0f;
-        for (int y = 0; y < 8; y++) {
-            w += sw[y][threadIdx.x];
-            b += sb[y][threadIdx.x];
-        }
-        partial_w[(size_t)blockIdx.y * C + c] = w;
-        partial_b[(size_t)blockIdx.y * C + c] = b;
+        dweight[c] += sw[0][threadIdx.x];
+        dbias[c] += sb[0][threadIdx.x];
     }
 }
 
-// ADDS into dinp, dweight and dbias. scratch: at least 2 * COLSUM_MAX_CHUNKS * C floats.
-static inline void layernorm_backward(float* dinp, float* dweight, float* dbias, float* scratch,
-                                      const float* dout, const float* inp, const float* weight,
-                                      const float* mean, const float* rstd, int N, int C) {
+// ADDS into dinp, dweight and dbias. Two launches: dinp needs each row's two means (a warp per
+// row), the parameters' gradients each column's sums over rows (a block per 8 columns).
+static inline void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                                      const float* inp, const float* weight, const float* mean,
+                                      const float* rstd, int N, int C) {
     const int block = 256;
     layernorm_backward_input_kernel<<<ceil_div(N, block / 32), block>>>(dinp, dout, inp, weight, mean,
                                                                         rstd, N, C);
     cudaCheck(cudaGetLastError());
-    int rows_per_chunk = colsum_rows_per_chunk(N), chunks = ceil_div(N, rows_per_chunk);
-    float* partial_w = scratch;
-    float* partial_b = scratch + (size_t)chunks * C;
-    layernorm_param_grad_partial_kernel<<<dim3(ceil_div(C, 32), chunks), dim3(32, 8)>>>(
-        partial_w, partial_b, dout, inp, mean, rstd, N, C, rows_per_chunk);
+    layernorm_param_grad_kernel<<<column_block_grid(C), column_block_shape()>>>(dweight, dbias, dout, inp, mean,
+                                                                                rstd, N, C);
     cudaCheck(cudaGetLastError());
-    column_sum_finalize(dweight, partial_w, chunks, C);
-    column_sum_finalize(dbias, partial_b, chunks, C);
 }
 
 // ----------------------------------------------------------------------------
@@ -678,9 +728,24 @@ static inline void matmul_forward(float* out, const float* inp, const float* wei
     if (bias != NULL && !bias_in_epilogue) { add_bias(out, bias, BT, OC); }
 }
 
-// dbias += column sums of dout (N, OC). scratch: at least COLSUM_MAX_CHUNKS * OC floats.
-static inline void bias_backward(float* dbias, float* scratch, const float* dout, int N, int OC) {
-    column_sums(dbias, scratch, dout, N, OC, 0);
+// dbias[o] += sum over rows r of dout[r, o], in one launch (the one-launch column sums above)
+__global__ void bias_backward_kernel(float* __restrict__ dbias,       // (OC)
+                                     const float* __restrict__ dout,  // (N, OC)
+                                     int N, int OC) {
+    __shared__ float s[COLUMN_BLOCK_LANES][COLUMN_BLOCK_COLS];
+    int o = blockIdx.x * COLUMN_BLOCK_COLS + threadIdx.x;
+    float sum = 0.0f;
+    if (o < OC) {
+        for (int r = threadIdx.y; r < N; r += COLUMN_BLOCK_LANES) { sum += dout[(size_t)r * OC + o]; }
+    }
+    s[threadIdx.y][threadIdx.x] = sum;
+    column_block_sum(s);
+    if (threadIdx.y == 0 && o < OC) { dbias[o] += s[0][threadIdx.x]; }
+}
+
+static inline void bias_backward(float* dbias, const float* dout, int N, int OC) {
+    bias_backward_kernel<<<column_block_grid(OC), column_block_shape()>>>(dbias, dout, N, OC);
+    cudaCheck(cudaGetLastError());
 }
 
 // The CPU's matmul_backward, except that dinp is OVERWRITTEN (the trainer never needs to add
@@ -690,12 +755,11 @@ static inline void bias_backward(float* dbias, float* scratch, const float* dout
 //   dweight (OC, C) += dout^T (OC, BT) @ inp (BT, C)
 //     column-major: dweight^T (C, OC) += inp_cm (C, BT) dout_cm^T (BT, OC): m=C, n=OC, k=BT, transb
 //   dbias (OC) += column sums of dout (dbias may be NULL)
-static inline void matmul_backward(float* dinp, float* dweight, float* dbias, float* scratch,
-                                   const float* dout, const float* inp, const float* weight, int BT,
-                                   int C, int OC) {
+static inline void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                                   const float* inp, const float* weight, int BT, int C, int OC) {
     matmul_cublaslt(dinp, weight, dout, NULL, C, BT, OC, 0, 0, 0.0f);
     matmul_cublaslt(dweight, inp, dout, NULL, C, OC, BT, 0, 1, 1.0f);
-    if (dbias != NULL) { bias_backward(dbias, scratch, dout, BT, OC); }
+    if (dbias != NULL) { bias_backward(dbias, dout, BT, OC); }
 }
 
 // ----------------------------------------------------------------------------
@@ -739,7 +803,9 @@ static inline void heads_to_rows(float* out, int out_stride, const float* in, in
 }
 
 // att[row, :] = causal softmax of scale * preatt[row, :], one warp per row (b, h, t):
-// entries t2 <= t take part, entries t2 > t are written as 0 (att @ v then sums them away).
+// entries t2 <= t take part, entries t2 > t are written as 0 (the products att v and
+// att^T dvaccum run over full T x T matrices, so the zeros must be there). Two reads of the
+// row's causal part: the max and the sum in one online pass, then the output.
 __global__ void softmax_forward_kernel(float* __restrict__ att, const float* __restrict__ preatt,  // (B*NH*T, T) each
                                        float scale, int rows, int T) {
     int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -747,14 +813,12 @@ __global__ void softmax_forward_kernel(float* __restrict__ att, const float* __r
     const float* pre = preatt + (size_t)row * T;
     float* a = att + (size_t)row * T;
     int t = row % T;  // the query's position: keys t2 <= t take part
-    float maxval = -INFINITY;
-    for (int t2 = lane; t2 <= t; t2 += 32) { maxval = fmaxf(maxval, pre[t2] * scale); }
-    maxval = warp_max(maxval);
-    float sum = 0.0f;
-    for (int t2 = lane; t2 <= t; t2 += 32) { sum += expf(pre[t2] * scale - maxval); }
-    float inv = 1.0f / warp_sum(sum);
+    SoftmaxStats st = {-INFINITY, 0.0f};  // lanes past t see no key: their pair adds nothing
+    for (int t2 = lane; t2 <= t; t2 += 32) { softmax_add(&st, pre[t2] * scale); }
+    st = warp_softmax_merge(st);
+    float inv = 1.0f / st.sum;
     for (int t2 = lane; t2 < T; t2 += 32) {
-        a[t2] = t2 <= t ? expf(pre[t2] * scale - maxval) * inv : 0.0f;
+        a[t2] = t2 <= t ? expf(pre[t2] * scale - st.max) * inv : 0.0f;
     }
 }
 
@@ -905,35 +969,8 @@ static inline void residual_forward(float* out, const float* a, const float* b, 
 // fused classifier: softmax over the first V of Vp logits, the loss of the target, and
 // dlogits = (probs - onehot(target)) * dloss written IN PLACE of the logits (the (B, T, Vp)
 // probabilities are never stored). One block per (b, t) row; padded columns get 0.
-// The max and the sum of exponentials come from ONE pass over the row (an online softmax,
-// as llm.c's prepare_softmax_blockwide): each thread keeps a running max and a sum relative
-// to it, rescaling the sum when the max grows; the gradient pass reads the row once more.
-
-// a softmax's running max and the sum of expf(x - max) over the elements seen so far;
-// no element yet: {-INFINITY, 0}
-typedef struct {
-    float max, sum;
-} SoftmaxStats;
-
-// the stats of two disjoint sets of elements. Symmetric (merge(a, b) == merge(b, a) bit for
-// bit), so a butterfly leaves the same pair in every lane. A side with no element adds 0:
-// its sum times expf(-inf - max) would be NaN when both maxes are -inf.
-__device__ inline SoftmaxStats softmax_merge(SoftmaxStats a, SoftmaxStats b) {
-    SoftmaxStats m;
-    m.max = fmaxf(a.max, b.max);
-    float sa = a.max == -INFINITY ? 0.0f : a.sum * expf(a.max - m.max);
-    float sb = b.max == -INFINITY ? 0.0f : b.sum * expf(b.max - m.max);
-    m.sum = sa + sb;
-    return m;
-}
-
-__device__ inline SoftmaxStats warp_softmax_merge(SoftmaxStats a) {
-    for (int offset = 16; offset > 0; offset >>= 1) {
-        SoftmaxStats other = {__shfl_xor_sync(0xffffffff, a.max, offset), __shfl_xor_sync(0xffffffff, a.sum, offset)};
-        a = softmax_merge(a, other);
-    }
-    return a;
-}
+// The max and the sum of exponentials come from ONE pass over the row (the online softmax
+// above, as llm.c's prepare_softmax_blockwide); the gradient pass reads the row once more.
 
 // the stats of the whole block (blockDim.x a multiple of 32, at most 1024), every thread gets
 // them: each warp's, then the warps' through shared memory. Also a barrier: every thread has
@@ -956,15 +993,7 @@ __global__ void fused_classifier_kernel(float* __restrict__ logits,       // (N,
     int row = blockIdx.x;
     float* x = logits + (size_t)row * Vp;
     SoftmaxStats st = {-INFINITY, 0.0f};
-    for (int i = threadIdx.x; i < V; i += blockDim.x) {
-        float xi = x[i];
-        if (xi > st.max) {  // a new max: the sum so far was relative to the old one
-            st.sum = st.sum * expf(st.max - xi) + 1.0f;
-            st.max = xi;
-        } else {
-            st.sum += expf(xi - st.max);
-        }
-    }
+    for (int i = threadIdx.x; i < V; i += blockDim.x) { softmax_add(&st, x[i]); }
     st = block_softmax_merge(st);  // also a barrier: every x[i] was read before anyone writes below
     float maxval = st.max, sum = st.sum;
     int target = targets[row];

@@ -83,9 +83,9 @@ static inline void gpu_memory_formula(const GPT2Config* c, int B, int T, GpuMemo
     bytes[GPU_MEM_PARAMETERS] = 4 * params;
     bytes[GPU_MEM_GRADIENTS] = 4 * params;
     bytes[GPU_MEM_MOMENTS] = 2 * 4 * (z.vector_elems + z.gpu_capacity);
-    // train_gpt2.cu's activation_sizes (18 tensors), scratch_sizes (7) and the token ids
+    // train_gpt2.cu's activation_sizes (18 tensors), scratch_sizes (6) and the token ids
     size_t acts = (16 * L + 2) * BTC + (4 * L + 2) * BT + L * att + BT * Vp;
-    size_t scratch = 10 * BTC + att + COLSUM_CHUNKS * 4 * C;
+    size_t scratch = 10 * BTC + att;
     bytes[GPU_MEM_ACTIVATIONS] = 4 * (acts + scratch) + 4 * (5 * BT + 1);
     bytes[GPU_MEM_WORKSPACE] = (size_t)32 << 20;  // cuda_kernels.cuh's CUBLASLT_WORKSPACE_BYTES
     bytes[GPU_MEM_STAGING] = (z.overlap ? 2 : 1) * 4 * z.cpu_capacity;

@@ -99,7 +99,7 @@ def gpu_memory(L, C, NH, V, maxT, B, T, mode, topk=0.1, overlap=1, warmup=0, aut
     BT = B * T
     BTC, att = BT * C, B * NH * T * T
     acts = (16 * L + 2) * BTC + (4 * L + 2) * BT + L * att + BT * pad_vocab(V)
-    scratch = 10 * BTC + att + 128 * 4 * C
+    scratch = 10 * BTC + att
     total_cols = 2 * C + 7 * L * C  # wte, wpe: C columns each; per layer qkvw C, attprojw C, fcw C, fcprojw 4C
     tables = 32 * (3 * n + nv) + 8 * (3 * (n + 1) + nv + 1) + 4 * (total_cols + 1) + 4 * total_cols + 4 * 128 * 4 * C
     if auto_interval:

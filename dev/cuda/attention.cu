@@ -1,7 +1,8 @@
 /*
 Causal multi-head self-attention, forward and backward: the permutes to head layout, the
 two batched cuBLASLt matmuls per direction, and the causal softmax kernels (one warp per
-row; the scale 1/sqrt(hs) is applied inside them).
+row; the scale 1/sqrt(hs) is applied inside them; the forward finds a row's max and sum of
+exponentials in one online pass, then writes the row).
 
   forward:  qkv (B,T,3C) -> q,k,v (B,NH,T,hs) -> preatt = q k^T -> att = softmax(scale *
             preatt, causal) -> att v -> atty (B,T,C)
@@ -88,7 +89,7 @@ static void benchmark(int B, int T, int C, int NH, uint64_t* rng) {
         softmax_forward_kernel<<<ceil_div(rows, 8), 256>>>(a.att, a.preatt, scale, rows, T);
         cudaCheck(cudaGetLastError());
     });
-    // reads the causal half of preatt, writes all of att
+    // at least: the causal half of preatt read (the kernel reads it twice: stats, then output), all of att written
     report_bandwidth("softmax_forward", us, (0.5 + 1.0) * att * 4);
     us = benchmark_us(10, [&] {
         softmax_backward_kernel<<<ceil_div(rows, 8), 256>>>(a.preatt, a.att, scale, rows, T);

@@ -38,7 +38,6 @@ class P:  # a device pointer: (buffer, offset in floats); p + k is pointer arith
     def get(self, n): return self.buf[self.off:self.off + n]
     def set(self, n, vals): self.buf[self.off:self.off + n] = vals
 
-def ceil_div(a, b): return (a + b - 1) // b
 
 # cuBLASLt, column-major: op(a) (m, k) @ op(b) (k, n) (+ bias per row) (+ beta d) -> d (m, n)
 def matmul_cublaslt(d, a, b, bias, m, n, k, ta, tb, beta, batch=1, sa=0, sb=0, sd=0):
@@ -90,33 +89,26 @@ def layernorm_forward(out, mean, rstd, inp, w, bia, N, C):
     out.set(N * C, ((x - m[:, None]) * s[:, None] * w.get(C) + bia.get(C)).reshape(-1))
     mean.set(N, m); rstd.set(N, s)
 
-def layernorm_backward(dinp, dw, db, scratch, dout, inp, w, mean, rstd, N, C):
+def layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C):
     d = dout.get(N * C).reshape(N, C).copy(); x = inp.get(N * C).reshape(N, C)
     m = mean.get(N)[:, None]; s = rstd.get(N)[:, None]
     norm = (x - m) * s; dnorm = w.get(C) * d
     dm = dnorm.sum(1, keepdims=True) / C; dnm = (dnorm * norm).sum(1, keepdims=True) / C
     dinp.set(N * C, dinp.get(N * C) + ((dnorm - dm - norm * dnm) * s).reshape(-1))
-    # two-pass column sums (chunk structure as in the kernel)
-    per = ceil_div(ceil_div(N, 128), 8) * 8; chunks = ceil_div(N, per)
-    pw = np.zeros((chunks, C)); pb = np.zeros((chunks, C))
-    for k in range(chunks):
-        pw[k] = (norm[k*per:min((k+1)*per, N)] * d[k*per:min((k+1)*per, N)]).sum(0)
-        pb[k] = d[k*per:min((k+1)*per, N)].sum(0)
-    scratch.set(chunks * C, pw.reshape(-1)); (scratch + chunks * C).set(chunks * C, pb.reshape(-1))
-    dw.set(C, dw.get(C) + scratch.get(chunks * C).reshape(chunks, C).sum(0))
-    db.set(C, db.get(C) + (scratch + chunks * C).get(chunks * C).reshape(chunks, C).sum(0))
+    dw.set(C, dw.get(C) + (norm * d).sum(0))
+    db.set(C, db.get(C) + d.sum(0))
 
 def matmul_forward(out, inp, weight, bias, BT, C, OC):
     matmul_cublaslt(out, weight, inp, bias, OC, BT, C, 1, 0, 0.0)
 
-def bias_backward(dbias, scratch, dout, N, OC):
+def bias_backward(dbias, dout, N, OC):
     d = dout.get(N * OC).reshape(N, OC)
     dbias.set(OC, dbias.get(OC) + d.sum(0))
 
-def matmul_backward(dinp, dweight, dbias, scratch, dout, inp, weight, BT, C, OC):
+def matmul_backward(dinp, dweight, dbias, dout, inp, weight, BT, C, OC):
     matmul_cublaslt(dinp, weight, dout, None, C, BT, OC, 0, 0, 0.0)
     matmul_cublaslt(dweight, inp, dout, None, C, OC, BT, 0, 1, 1.0)
-    if dbias is not None: bias_backward(dbias, scratch, dout, BT, OC)
+    if dbias is not None: bias_backward(dbias, dout, BT, OC)
 
 def rows_to_heads(out, inp, in_stride, B, T, NH, hs):
     idx = np.arange(B * NH * T * hs)
@@ -204,10 +196,10 @@ ACT = ["encoded","ln1","ln1_mean","ln1_rstd","qkvr","atty","att","residual2","ln
 def act_sizes(cfg, B, T):
     L, C, NH, Vp = cfg['L'], cfg['C'], cfg['NH'], cfg['Vp']; BT = B*T
     return [BT*C, L*BT*C, L*BT, L*BT, L*3*BT*C, L*BT*C, L*B*NH*T*T, L*BT*C, L*BT*C, L*BT, L*BT, L*BT*4*C, L*BT*4*C, L*BT*C, BT*C, BT, BT, BT*Vp, BT]
-SCR = ["qkv","att","btc","dresidual","dbtc","d4c","colsum"]
+SCR = ["qkv","att","btc","dresidual","dbtc","d4c"]
 def scr_sizes(cfg, B, T):
     C, NH = cfg['C'], cfg['NH']; BT = B*T
-    return [BT*3*C, B*NH*T*T, BT*C, BT*C, BT*C, BT*4*C, 128*4*C]
+    return [BT*3*C, B*NH*T*T, BT*C, BT*C, BT*C, BT*4*C]
 
 class GPT2: pass
 
@@ -258,20 +250,20 @@ def backward(m):
     B, T = m.B, m.T; BT = B*T; BTC = BT*C; att_size = B*NH*T*T
     p, g, a, s = m.p, m.g, m.a, m.s
     dres = s['dresidual']
-    matmul_backward(s['dbtc'], g['wte'], None, s['colsum'], a['logits'], a['lnf'], p['wte'], BT, C, Vp)
+    matmul_backward(s['dbtc'], g['wte'], None, a['logits'], a['lnf'], p['wte'], BT, C, Vp)
     dres.set(BTC, 0.0)
-    layernorm_backward(dres, g['lnfw'], g['lnfb'], s['colsum'], s['dbtc'], a['residual3'] + (L-1)*BTC, p['lnfw'], a['lnf_mean'], a['lnf_rstd'], BT, C)
+    layernorm_backward(dres, g['lnfw'], g['lnfb'], s['dbtc'], a['residual3'] + (L-1)*BTC, p['lnfw'], a['lnf_mean'], a['lnf_rstd'], BT, C)
     for l in range(L-1, -1, -1):
         residual = a['encoded'] if l == 0 else a['residual3'] + (l-1)*BTC
         lbt = l*BT
-        matmul_backward(s['d4c'], g['fcprojw'] + l*4*C*C, g['fcprojb'] + l*C, s['colsum'], dres, a['fch_gelu'] + l*4*BTC, p['fcprojw'] + l*4*C*C, BT, 4*C, C)
+        matmul_backward(s['d4c'], g['fcprojw'] + l*4*C*C, g['fcprojb'] + l*C, dres, a['fch_gelu'] + l*4*BTC, p['fcprojw'] + l*4*C*C, BT, 4*C, C)
         gelu_backward_inplace(s['d4c'], a['fch'] + l*4*BTC, 4*BTC)
-        matmul_backward(s['dbtc'], g['fcw'] + l*4*C*C, g['fcb'] + l*4*C, s['colsum'], s['d4c'], a['ln2'] + l*BTC, p['fcw'] + l*4*C*C, BT, C, 4*C)
-        layernorm_backward(dres, g['ln2w'] + l*C, g['ln2b'] + l*C, s['colsum'], s['dbtc'], a['residual2'] + l*BTC, p['ln2w'] + l*C, a['ln2_mean'] + lbt, a['ln2_rstd'] + lbt, BT, C)
-        matmul_backward(s['dbtc'], g['attprojw'] + l*C*C, g['attprojb'] + l*C, s['colsum'], dres, a['atty'] + l*BTC, p['attprojw'] + l*C*C, BT, C, C)
+        matmul_backward(s['dbtc'], g['fcw'] + l*4*C*C, g['fcb'] + l*4*C, s['d4c'], a['ln2'] + l*BTC, p['fcw'] + l*4*C*C, BT, C, 4*C)
+        layernorm_backward(dres, g['ln2w'] + l*C, g['ln2b'] + l*C, s['dbtc'], a['residual2'] + l*BTC, p['ln2w'] + l*C, a['ln2_mean'] + lbt, a['ln2_rstd'] + lbt, BT, C)
+        matmul_backward(s['dbtc'], g['attprojw'] + l*C*C, g['attprojb'] + l*C, dres, a['atty'] + l*BTC, p['attprojw'] + l*C*C, BT, C, C)
         attention_backward(s['qkv'], s['att'], s['d4c'], s['dbtc'], a['qkvr'] + l*3*BTC, a['att'] + l*att_size, B, T, C, NH)
-        matmul_backward(s['dbtc'], g['qkvw'] + l*3*C*C, g['qkvb'] + l*3*C, s['colsum'], s['qkv'], a['ln1'] + l*BTC, p['qkvw'] + l*3*C*C, BT, C, 3*C)
-        layernorm_backward(dres, g['ln1w'] + l*C, g['ln1b'] + l*C, s['colsum'], s['dbtc'], residual, p['ln1w'] + l*C, a['ln1_mean'] + lbt, a['ln1_rstd'] + lbt, BT, C)
+        matmul_backward(s['dbtc'], g['qkvw'] + l*3*C*C, g['qkvb'] + l*3*C, s['qkv'], a['ln1'] + l*BTC, p['qkvw'] + l*3*C*C, BT, C, 3*C)
+        layernorm_backward(dres, g['ln1w'] + l*C, g['ln1b'] + l*C, s['dbtc'], residual, p['ln1w'] + l*C, a['ln1_mean'] + lbt, a['ln1_rstd'] + lbt, BT, C)
     positions, tokens, starts = encoder_backward_buckets(m.inputs, BT, V)
     encoder_backward(g['wte'], g['wpe'], dres, positions, tokens, starts, B, T, C)
 

@@ -2,8 +2,8 @@
 LayerNorm, forward and backward.
 
   forward:  one warp per row: mean, variance (two passes, as the CPU), out = norm * w + b
-  backward: one warp per row for dinp; dweight/dbias as deterministic two-pass column sums
-            (per-chunk partial sums, then each column adds its chunks in order)
+  backward: two launches: one warp per row for dinp; dweight and dbias as deterministic
+            column sums in one kernel (a block per 8 columns reads every row)
 Tolerances: the warp sums add in another order than the CPU's serial loops, so results
 agree to a few ulps times the length of the sums: 1e-5 for the forward, 1e-5 for dinp,
 1e-4 for dweight/dbias (sums over all N rows).
@@ -35,7 +35,6 @@ static void validate(int N, int C, uint64_t* rng) {
     float* d_out = cuda_malloc(NC * sizeof(float), "out");
     float* d_mean = cuda_malloc(N * sizeof(float), "mean");
     float* d_rstd = cuda_malloc(N * sizeof(float), "rstd");
-    float* d_scratch = cuda_malloc((size_t)2 * COLSUM_MAX_CHUNKS * C * sizeof(float), "scratch");
 
     layernorm_forward_cpu(out, mean, rstd, inp, weight, bias, N, 1, C);  // N rows: B = N, T = 1
     layernorm_forward(d_out, d_mean, d_rstd, d_inp, d_weight, d_bias, N, C);
@@ -47,7 +46,7 @@ static void validate(int N, int C, uint64_t* rng) {
     cudaCheck(cudaMemcpy(d_mean, mean, N * sizeof(float), cudaMemcpyHostToDevice));
     cudaCheck(cudaMemcpy(d_rstd, rstd, N * sizeof(float), cudaMemcpyHostToDevice));
     layernorm_backward_cpu(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, 1, C);
-    layernorm_backward(d_dinp, d_dweight, d_dbias, d_scratch, d_dout, d_inp, d_weight, d_mean, d_rstd, N, C);
+    layernorm_backward(d_dinp, d_dweight, d_dbias, d_dout, d_inp, d_weight, d_mean, d_rstd, N, C);
     validate_result(d_dinp, dinp, NC, "layernorm_backward dinp", 1e-5);
     validate_result(d_dweight, dweight, C, "layernorm_backward dweight", 1e-4);
     validate_result(d_dbias, dbias, C, "layernorm_backward dbias", 1e-4);
@@ -56,16 +55,16 @@ static void validate(int N, int C, uint64_t* rng) {
     float* first = (float*)mallocCheck(C * sizeof(float));
     cudaCheck(cudaMemset(d_dweight, 0, C * sizeof(float)));
     cudaCheck(cudaMemset(d_dbias, 0, C * sizeof(float)));
-    layernorm_backward(d_dinp, d_dweight, d_dbias, d_scratch, d_dout, d_inp, d_weight, d_mean, d_rstd, N, C);
+    layernorm_backward(d_dinp, d_dweight, d_dbias, d_dout, d_inp, d_weight, d_mean, d_rstd, N, C);
     cudaCheck(cudaMemcpy(first, d_dweight, C * sizeof(float), cudaMemcpyDeviceToHost));
     cudaCheck(cudaMemset(d_dweight, 0, C * sizeof(float)));
-    layernorm_backward(d_dinp, d_dweight, d_dbias, d_scratch, d_dout, d_inp, d_weight, d_mean, d_rstd, N, C);
+    layernorm_backward(d_dinp, d_dweight, d_dbias, d_dout, d_inp, d_weight, d_mean, d_rstd, N, C);
     validate_result(d_dweight, first, C, "layernorm_backward repeatable", 0.0);
 
     free(first);
     free(inp); free(weight); free(bias); free(dout); free(dinp); free(dweight); free(dbias);
     free(out); free(mean); free(rstd);
-    float* dev[] = {d_inp, d_weight, d_bias, d_dout, d_dinp, d_dweight, d_dbias, d_out, d_mean, d_rstd, d_scratch};
+    float* dev[] = {d_inp, d_weight, d_bias, d_dout, d_dinp, d_dweight, d_dbias, d_out, d_mean, d_rstd};
     for (float* p : dev) { cudaCheck(cudaFree(p)); }
 }
 
@@ -79,11 +78,10 @@ static void benchmark(int N, int C, uint64_t* rng) {
     float* out = cuda_malloc(NC * sizeof(float), "out");
     float* mean = cuda_malloc(N * sizeof(float), "mean");
     float* rstd = cuda_malloc(N * sizeof(float), "rstd");
-    float* scratch = cuda_malloc((size_t)2 * COLSUM_MAX_CHUNKS * C * sizeof(float), "scratch");
     float us = benchmark_us(20, [&] { layernorm_forward(out, mean, rstd, inp, weight, bias, N, C); });
     report_bandwidth("layernorm_forward", us, 2.0 * NC * 4);  // read inp, write out
     us = benchmark_us(20, [&] {
-        layernorm_backward(dinp, dweight, dbias, scratch, dout, inp, weight, mean, rstd, N, C);
+        layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
     });
     // dout and inp read, dinp read and written (the column sums read dout and inp again)
     report_bandwidth("layernorm_backward", us, 4.0 * NC * 4);
@@ -92,8 +90,14 @@ static void benchmark(int N, int C, uint64_t* rng) {
         cudaCheck(cudaGetLastError());
     });
     report_bandwidth("  of which dinp (warp per row)", us, 4.0 * NC * 4);
+    us = benchmark_us(20, [&] {
+        layernorm_param_grad_kernel<<<column_block_grid(C), column_block_shape()>>>(dweight, dbias, dout, inp, mean,
+                                                                                    rstd, N, C);
+        cudaCheck(cudaGetLastError());
+    });
+    report_bandwidth("  of which dweight, dbias (one launch)", us, 2.0 * NC * 4);  // dout and inp read
     free(h);
-    float* dev[] = {inp, dout, dinp, weight, bias, dweight, dbias, out, mean, rstd, scratch};
+    float* dev[] = {inp, dout, dinp, weight, bias, dweight, dbias, out, mean, rstd};
     for (float* p : dev) { cudaCheck(cudaFree(p)); }
 }
 
