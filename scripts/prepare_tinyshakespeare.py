@@ -66,9 +66,13 @@ def main():
     with data_files.one_line_errors(out, "a folder", out_hint):  # before any work: --out can be written
         if out.exists() and not out.is_dir():
             raise NotADirectoryError(20, "not a folder", str(out))
-        val_path.parent.mkdir(parents=True, exist_ok=True)
-        if not os.access(val_path.parent, os.W_OK):
-            raise PermissionError(13, "not writable", str(val_path.parent))
+        existing = val_path.parent  # the nearest folder that exists: nothing is created yet
+        while not existing.exists():
+            existing = existing.parent
+        if not existing.is_dir():
+            raise NotADirectoryError(20, "not a folder", str(existing))
+        if not os.access(existing, os.W_OK):
+            raise PermissionError(13, "not writable", str(existing))
 
     with data_files.exit_on_input_error():  # missing / wrong input: one line, exit 1
         text_path = data_files.input_path("tinyshakespeare.txt", args.data_dir)
@@ -94,6 +98,7 @@ def main():
     val_tokens, train_tokens = tokens[:VAL_TOKENS], tokens[VAL_TOKENS:]
 
     with data_files.one_line_errors(out, "a folder", out_hint):
+        val_path.parent.mkdir(parents=True, exist_ok=True)
         data_files.write_shard(val_path, val_tokens)
         print(f"wrote {len(val_tokens):,} tokens to {val_path}")
         data_files.write_shard(train_path, train_tokens)
