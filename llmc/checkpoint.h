@@ -281,8 +281,12 @@ static inline void run_dir_lock(RunDir* run, int create) {
     if (fd < 0 && !create && errno == ENOENT) { return; }
     if (fd < 0) { fatal("%s: cannot open the run's lock file: %s", path, strerror(errno)); }
     if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        // the holder writes its pid just after taking the lock: wait up to a second for it
         char pid[32] = {0};
-        ssize_t n = pread(fd, pid, sizeof(pid) - 1, 0);
+        ssize_t n = 0;
+        for (int tries = 0; tries < 100 && (n = pread(fd, pid, sizeof(pid) - 1, 0)) <= 0; tries++) {
+            usleep(10000);
+        }
         if (n > 0 && pid[n - 1] == '\n') { pid[n - 1] = '\0'; }
         fatal("-o %s: another run is using this directory (pid %s, from %s) (hint: wait for it to end, "
                 "stop it, or choose another -o)", run->dir, n > 0 ? pid : "not yet written", path);
