@@ -48,7 +48,7 @@ endif
 
 HEADERS = $(wildcard llmc/*.h) cpu_adam.h zenflow.h
 
-.PHONY: all test run data deps deps_run refs gpu_refs gpu_rehearsal clean bench bench_zenflow bench_llmc llmc_cpu bench_llmc_cpu bench_checkpoint cuda_dev fuzz emu
+.PHONY: all test run data deps deps_run refs gpu_refs gpu_rehearsal walkthrough clean bench bench_zenflow bench_llmc llmc_cpu bench_llmc_cpu bench_checkpoint cuda_dev fuzz emu
 all: $(CPU_BINS) $(CUDA_BINS)
 
 cpu_adam.o: cpu_adam.cpp cpu_adam.h
@@ -204,6 +204,9 @@ gpu_refs: refs
 # code, 25 to 45 minutes)
 gpu_rehearsal: emu refs
 	bash dev/cuda/emu/rehearse_gpu_check.sh
+# docs/teaching.md's fine-tuning walk-through, run as written (5 to 10 minutes)
+walkthrough: deps train_gpt2cpu data
+	bash dev/test/test_walkthrough.sh
 $(REF_DIR)/.stamp: dev/test/make_refs.sh scripts/gpt2_reference.py scripts/zenflow_reference.py
 	bash dev/test/make_refs.sh $(REF_DIR)
 	touch $@
