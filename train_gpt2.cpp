@@ -848,47 +848,39 @@ static void cpu_gpu_adam(void* ctx, const ZenFlow* zf, ZfAdamHyper h, int step) 
     trace_event(TRACE_COMPUTE, "GPU-side AdamW", t0, now_ms());  // (the CUDA backend times its own)
 }
 
-static void cpu_grads_to_host(void* ctx, const ZenFlow* zf, float* host, int group) {
-    const float* grads = ((CpuDevice*)ctx)->model->grads_memory;
-    double t0 = now_ms();
+// the CPU-owned columns of transfer group `group` (-1: all) between `full` (the model's
+// parameters or gradients) and the packed host buffer: to_host = 1 gathers, 0 scatters
+static void cpu_move_columns(float* full, const ZenFlow* zf, float* host, int group, int to_host) {
     int count;
     const int* mats = zf_group(zf, group, &count);
     for (int k = 0; k < count; k++) {
         const ZfMatrix* mat = &zf->own.matrices[mats[k]];
-        gather_columns(grads, mat, mat->cols_by_owner + mat->n_sel, mat->cols - mat->n_sel,
-                       host + mat->cpu_offset);
+        const int* order = mat->cols_by_owner + mat->n_sel;
+        if (to_host) {
+            gather_columns(full, mat, order, mat->cols - mat->n_sel, host + mat->cpu_offset);
+        } else {
+            scatter_columns(full, mat, order, mat->cols - mat->n_sel, host + mat->cpu_offset);
+        }
     }
+}
+
+static void cpu_grads_to_host(void* ctx, const ZenFlow* zf, float* host, int group) {
+    double t0 = now_ms();
+    cpu_move_columns(((CpuDevice*)ctx)->model->grads_memory, zf, host, group, 1);
     trace_event(TRACE_D2H, group < 0 ? "gradients" : "gradients (layer)", t0, now_ms());
 }
 
 static void cpu_grads_from_host(void* ctx, const ZenFlow* zf, const float* host) {
-    float* grads = ((CpuDevice*)ctx)->model->grads_memory;
-    for (int i = 0; i < zf->own.num_matrices; i++) {
-        const ZfMatrix* mat = &zf->own.matrices[i];
-        scatter_columns(grads, mat, mat->cols_by_owner + mat->n_sel, mat->cols - mat->n_sel,
-                        host + mat->cpu_offset);
-    }
+    cpu_move_columns(((CpuDevice*)ctx)->model->grads_memory, zf, (float*)host, -1, 0);  // (only read)
 }
 
 static void cpu_params_to_host(void* ctx, const ZenFlow* zf, float* host) {
-    const float* params = ((CpuDevice*)ctx)->model->params_memory;
-    for (int i = 0; i < zf->own.num_matrices; i++) {
-        const ZfMatrix* mat = &zf->own.matrices[i];
-        gather_columns(params, mat, mat->cols_by_owner + mat->n_sel, mat->cols - mat->n_sel,
-                       host + mat->cpu_offset);
-    }
+    cpu_move_columns(((CpuDevice*)ctx)->model->params_memory, zf, host, -1, 1);
 }
 
 static void cpu_params_from_host(void* ctx, const ZenFlow* zf, const float* host, int group) {
-    float* params = ((CpuDevice*)ctx)->model->params_memory;
     double t0 = now_ms();
-    int count;
-    const int* mats = zf_group(zf, group, &count);
-    for (int k = 0; k < count; k++) {
-        const ZfMatrix* mat = &zf->own.matrices[mats[k]];
-        scatter_columns(params, mat, mat->cols_by_owner + mat->n_sel, mat->cols - mat->n_sel,
-                        host + mat->cpu_offset);
-    }
+    cpu_move_columns(((CpuDevice*)ctx)->model->params_memory, zf, (float*)host, group, 0);  // (only read)
     trace_event(TRACE_H2D, group < 0 ? "apply" : "apply (layer)", t0, now_ms());
 }
 
