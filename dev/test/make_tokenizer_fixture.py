@@ -71,7 +71,7 @@ PREPARE_TEXT_FILES = [
                    "  and <|endoftext|> written out is ordinary text.\n\n\n日本語のテキスト 🦙 👩‍👩‍👧\n"]),
     ("docs.jsonl", ["First document.", "def f(x):\n    return x**2  # square\n",
                     "   spaces, tabs\t\tand a\u00a0no-break space  "]),
-    ("numbers.txt", ["1234567 and 3.14159, 2024-05-20\n\n"]),
+    ("numbers.txt", ["1234567 and 3.14159, 8675-309-42\n\n"]),
 ]
 
 
