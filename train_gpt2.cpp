@@ -1140,12 +1140,7 @@ int main(int argc, char* argv[]) {
         double t0 = now_ms();
         dataloader_next_batch(&train_loader);
         gpt2_forward(&model, train_loader.inputs, train_loader.targets, B, T);
-        if (!isfinite(model.mean_loss)) {
-            const char* bad = gpt2_first_nonfinite_tensor(cfg, model.params_memory);
-            fatal("step %d: the loss is %f; %s%s (hint: lower the learning rate -l)", step + 1,
-                    model.mean_loss, bad ? "first non-finite parameter tensor: " : "all parameters are finite, the forward pass overflowed",
-                    bad ? bad : "");
-        }
+        if (!isfinite(model.mean_loss)) { gpt2_fatal_loss(step + 1, model.mean_loss, cfg, model.params_memory); }
         gpt2_warn_high_loss(step + 1, model.mean_loss, cfg->vocab_size);
         double t1 = now_ms();
         trace_event(TRACE_COMPUTE, "forward", t0, t1);

@@ -640,10 +640,7 @@ int main(int argc, char* argv[]) {
         gpt2_backward(&model);          // queued; it then waits for the loss
         gpu_trace_end(span, 0, TRACE_COMPUTE, "backward");
         if (!isfinite(model.mean_loss)) {  // the parameters are still those of the forward pass
-            const char* bad = gpt2_first_nonfinite_tensor(cfg, params_on_host(&model, &host_params));
-            fatal("step %d: the loss is %f; %s%s (hint: lower the learning rate -l)", step + 1, model.mean_loss,
-                    bad ? "first non-finite parameter tensor: " : "all parameters are finite, the forward pass overflowed",
-                    bad ? bad : "");
+            gpt2_fatal_loss(step + 1, model.mean_loss, cfg, params_on_host(&model, &host_params));
         }
         gpt2_warn_high_loss(step + 1, model.mean_loss, cfg->vocab_size);
         zf_step(&zf, step, hyper);

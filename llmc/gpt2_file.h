@@ -119,6 +119,15 @@ static inline void point_parameters(ParameterTensors* p, const GPT2Config* c, fl
     }
 }
 
+// A non-finite training loss stops the run, naming the first non-finite parameter tensor
+// (or saying that all are finite: the forward pass overflowed)
+static inline void gpt2_fatal_loss(int step, float loss, const GPT2Config* c, const float* params) {
+    const char* bad = gpt2_first_nonfinite_tensor(c, params);
+    fatal("step %d: the loss is %f; %s%s (hint: lower the learning rate -l)", step, loss,
+          bad ? "first non-finite parameter tensor: " : "all parameters are finite, the forward pass overflowed",
+          bad ? bad : "");
+}
+
 // One warning line, the first time the loss is above 2 ln(V), twice the loss of a uniform guess
 // over the vocabulary: the run is diverging, though it may stay finite for long (-l 10)
 static inline void gpt2_warn_high_loss(int step, float loss, int vocab_size) {
