@@ -24,7 +24,7 @@ orchestration (zenflow.h), whose device side this file provides (the CPU backend
 #include "cpu_adam.h"
 #include "zenflow.h"
 #include "llmc/args.h"
-#include "llmc/checkpoint.h"
+#include "llmc/train_loop.h"
 #include "llmc/dataloader.h"
 #include "llmc/gpt2_file.h"
 #include "llmc/gpu_memory.h"
@@ -511,11 +511,7 @@ float* point_activations(ActivationTensors* a, const size_t sizes[NUM_ACTIVATION
         &a->preatt,  &a->att,      &a->attproj,   &a->residual2, &a->ln2,     &a->ln2_mean,
         &a->ln2_rstd, &a->fch,     &a->fch_gelu,  &a->fcproj,   &a->residual3, &a->lnf,
         &a->lnf_mean, &a->lnf_rstd, &a->logits,   &a->probs,    &a->losses};
-    for (int i = 0; i < NUM_ACTIVATION_TENSORS; i++) {
-        *ptrs[i] = memory;
-        memory += sizes[i];
-    }
-    return memory;
+    return point_tensors(ptrs, sizes, NUM_ACTIVATION_TENSORS, memory);
 }
 
 typedef struct {
@@ -1002,29 +998,36 @@ void scores_write(FILE* fp, ZenFlow* zf, int step) {
 
 
 // ----------------------------------------------------------------------------
-// sampling
-
-// generates `steps` tokens after <|endoftext|> and prints them
-void gpt2_sample(GPT2* model, const Tokenizer* tok, int eot, int steps, uint64_t* rng) {
-    int maxT = model->config.max_seq_len, Vp = model->config.padded_vocab_size;
-    int n = steps + 1 < maxT ? steps + 1 : maxT;
-    int* tokens = (int*)mallocCheck(n * sizeof(int));
-    tokens[0] = eot;
-    printf("generating:\n---\n");
-    for (int t = 1; t < n && !stop_requested(); t++) {  // (a signal stops it: llmc/checkpoint.h)
-        gpt2_forward(model, tokens, NULL, 1, t);
-        const float* probs = model->acts.probs + (size_t)(t - 1) * Vp;
-        tokens[t] = sample_mult(probs, model->config.vocab_size, random_f32(rng));
-        tokenizer_print(tok, tokens[t]);
-        fflush(stdout);
-    }
-    printf("\n---\n");
-    free(tokens);
-}
-
-// ----------------------------------------------------------------------------
 // main training loop
 #ifndef TESTING
+
+// the model as the work between steps uses it (llmc/train_loop.h)
+static float model_loss(void* ctx, const int* inputs, const int* targets, int B, int T) {
+    GPT2* model = (GPT2*)ctx;
+    gpt2_forward(model, inputs, targets, B, T);
+    return model->mean_loss;
+}
+
+static const float* model_next_probs(void* ctx, const int* tokens, int t, float* scratch) {
+    GPT2* model = (GPT2*)ctx;
+    (void)scratch;  // the forward's softmax is on the host already
+    gpt2_forward(model, tokens, NULL, 1, t);
+    return model->acts.probs + (size_t)(t - 1) * model->config.padded_vocab_size;
+}
+
+static const float* model_params(void* ctx) {
+    GPT2* model = (GPT2*)ctx;
+    zf_apply_pending(model->zf);  // (pipelining) the parameters complete before they are saved
+    return model->params_memory;
+}
+
+static void model_stop(void* ctx) {
+    GPT2* model = (GPT2*)ctx;
+    zf_apply_pending(model->zf);
+    zf_wait(model->zf);
+}
+
+static void model_finish(void* ctx) { zf_drain(((GPT2*)ctx)->zf); }  // spec 4.7
 
 // a resume that falls back to an older checkpoint puts its parameters in (llmc/checkpoint.h)
 static void set_params(void* model, const float* params) {
@@ -1033,40 +1036,22 @@ static void set_params(void* model, const float* params) {
 }
 
 int main(int argc, char* argv[]) {
-    setvbuf(stdout, NULL, _IOLBF, 0);  // one line at a time, also into a log file or a pipe
     TrainArgs args;
     train_args_parse(&args, argc, argv, ZF_USAGE);
     train_args_refuse(train_args_zflag(&args, 'm') != NULL, "-zm", "the CUDA trainer has it; -tr traces");
-    const char *train_pattern = args.train_pattern, *val_pattern = args.val_pattern;
-    const char *model_spec = args.model_spec, *tokenizer_path = args.tokenizer_path;
-    const int B = args.B, T = args.T, steps = args.steps, val_every = args.val_every;
-    const int val_batches = args.val_batches, sample_every = args.sample_every;
-    const int gen_tokens = args.gen_tokens, checkpoint_every = args.checkpoint_every;
-    const float lr = args.lr, weight_decay = args.weight_decay;
-    const long seed = args.seed;
     ZfConfig zcfg = zf_parse_flags(args.zflags, "dm");  // -zd, -zm: the trainers' own
     RunDir run;  // -o, -y: llmc/checkpoint.h
-    model_spec = run_dir_begin(&run, &args, argc, argv);  // with -y 1, the checkpoint's model
+    const char* model_spec = run_dir_begin(&run, &args, argc, argv);  // with -y 1, the checkpoint's model
 
     GPT2 model;
-    gpt2_build(&model, model_spec, (uint64_t)seed);
+    gpt2_build(&model, model_spec, (uint64_t)args.seed);
     const GPT2Config* cfg = &model.config;
-    if (T > cfg->max_seq_len) {
-        fatal("flag -t: T=%d exceeds the model's maxT=%d", T, cfg->max_seq_len);
-    }
-    printf("[GPT-2] L=%d C=%d NH=%d V=%d Vp=%d maxT=%d, %zu parameters (%.1f M)\n", cfg->num_layers,
-           cfg->channels, cfg->num_heads, cfg->vocab_size, cfg->padded_vocab_size,
-           cfg->max_seq_len, model.num_parameters, model.num_parameters / 1e6);
-    printf("[run] B=%d T=%d steps=%d lr=%g wd=%g threads=%d\n", B, T, steps, lr, weight_decay,
-           omp_get_max_threads());
-
-    DataLoader train_loader, val_loader;
-    dataloader_init(&train_loader, train_pattern, B, T, cfg->vocab_size);
-    dataloader_init(&val_loader, val_pattern, B, T, cfg->vocab_size);
-    Tokenizer tokenizer;
-    tokenizer_init(&tokenizer, tokenizer_path);
-    tokenizer_match_model(&tokenizer, tokenizer_path, cfg->vocab_size);
-    train_args_notes(&args, cfg->max_seq_len, dataloader_batches(&val_loader));
+    char threads[32];
+    snprintf(threads, sizeof(threads), "threads=%d", omp_get_max_threads());
+    train_print_run(cfg, model.num_parameters, &args, threads);
+    const int B = args.B, T = args.T, steps = args.steps;
+    TrainData data;  // -i, -j, -k (llmc/train_loop.h)
+    train_data_open(&data, &args, cfg);
 
     ZenFlow zf;
     CpuDevice device;
@@ -1088,58 +1073,26 @@ int main(int argc, char* argv[]) {
     snprintf(heading, sizeof(heading), "GPU memory the CUDA trainer would take in %s mode at B=%d T=%d:",
              zf_mode_names[zcfg.mode], B, T);
     gpu_memory_print(gpu_bytes, heading);
-    ZfAdamHyper hyper = {lr, 0.9f, 0.95f, 1e-8f, weight_decay};
+    ZfAdamHyper hyper = {args.lr, 0.9f, 0.95f, 1e-8f, args.weight_decay};
     if (args.trace_path != NULL) {
         trace_open(args.trace_path, args.trace_first, args.trace_first + args.trace_steps - 1);
     }
     FILE* scores_file = train_args_zflag(&args, 'd') != NULL ? scores_open(train_args_zflag(&args, 'd'), &zf) : NULL;
     // the sampler's xorshift state is the seed itself, as in llm.c (whose trainers start it at
     // 1337): samples of a model draw the same coins here and there (dev/test/test_llmc_cpu.py)
-    uint64_t rng = (uint64_t)seed;
+    uint64_t rng = (uint64_t)args.seed;
     const OptimizerState zf_state = {&zf, zf_save_state, zf_load_state};  // llmc/checkpoint.h
-    int start_step = run_dir_resume(&run, zf_state, &train_loader, &rng, {&model, set_params}, cfg);
-    FILE* logfile = run.log;
+    const TrainerModel hooks = {&model, model_loss, model_next_probs, model_params, model_stop, model_finish};
+    int start_step = run_dir_resume(&run, zf_state, &data.train, &rng, {&model, set_params}, cfg);
 
     for (int step = start_step >= 0 ? start_step : 0; step <= steps; step++) {
-        int last = step == steps;
-        if (last) { zf_drain(&zf); }  // spec 4.7: what follows must see the final weights
-        // a resumed run continues with the step after its checkpoint: the evaluation,
-        // sample and checkpoint of this step happened before it was written (unless a stop
-        // wrote it before them: then they are done now)
-        int fresh = run_dir_fresh(&run, step);
-        uint64_t rng_at_step = rng;  // what a stop saves: the sample of this step is then redone
-        if (fresh && val_every > 0 && (step % val_every == 0 || last)) {
-            dataloader_reset(&val_loader);
-            float val_loss = 0.0f;
-            int i = 0;
-            for (; i < val_batches && !stop_requested(); i++) {
-                dataloader_next_batch(&val_loader);
-                gpt2_forward(&model, val_loader.inputs, val_loader.targets, B, T);
-                val_loss += model.mean_loss;
-            }
-            val_loss /= val_batches;
-            if (i == val_batches) { printf("step %d/%d | val loss %f\n", step, steps, val_loss); }
-            if (logfile && i == val_batches) { fprintf(logfile, "s:%d tel:%f\n", step, val_loss); fflush(logfile); }
-        }
-        if (fresh && sample_every > 0 && step > 0 && (step % sample_every == 0 || last)) {
-            gpt2_sample(&model, &tokenizer, tokenizer.init_ok ? tokenizer.eot_token : cfg->vocab_size - 1,
-                        gen_tokens, &rng);
-        }
-        if (stop_requested()) {  // at the step boundary: checkpoint, exit 128 + signal
-            zf_apply_pending(&zf);  // (pipelining) the parameters complete before they are saved
-            zf_wait(&zf);
-            run_dir_stop(&run, step, cfg, model.params_memory, zf_state, &train_loader, rng_at_step);
-        }
-        if (fresh && checkpoint_every > 0 && step > 0 && (step % checkpoint_every == 0 || last)) {
-            zf_apply_pending(&zf);
-            write_checkpoint(&run, step, 1, cfg, model.params_memory, zf_state, &train_loader, rng);
-        }
-        if (last) { break; }
+        between_steps(&run, &args, step, &data, hooks, zf_state, cfg, &rng);  // -v, -s, -n, a stop
+        if (step == steps) { break; }
 
         trace_set_step(step + 1);
         double t0 = now_ms();
-        dataloader_next_batch(&train_loader);
-        gpt2_forward(&model, train_loader.inputs, train_loader.targets, B, T);
+        dataloader_next_batch(&data.train);
+        gpt2_forward(&model, data.train.inputs, data.train.targets, B, T);
         if (!isfinite(model.mean_loss)) { gpt2_fatal_loss(step + 1, model.mean_loss, cfg, model.params_memory); }
         gpt2_warn_high_loss(step + 1, model.mean_loss, cfg->vocab_size);
         double t1 = now_ms();
@@ -1154,16 +1107,14 @@ int main(int argc, char* argv[]) {
                B * T / (ms / 1e3));
         zf_print_step_stats(&zf);  // | cpu | moved | select | window, where they are new
         printf("\n");
-        if (logfile) { fprintf(logfile, "s:%d trl:%f\n", step + 1, model.mean_loss); fflush(logfile); }
+        if (run.log) { fprintf(run.log, "s:%d trl:%f\n", step + 1, model.mean_loss); fflush(run.log); }
     }
 
-    if (logfile) { fclose(logfile); }
+    if (run.log) { fclose(run.log); }
     if (scores_file != NULL) { fclose(scores_file); }
     trace_close();
     zf_cpu_free(&zf, &device);
-    tokenizer_free(&tokenizer);
-    dataloader_free(&train_loader);
-    dataloader_free(&val_loader);
+    train_data_free(&data);
     gpt2_free(&model);
     return 0;
 }

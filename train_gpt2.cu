@@ -37,7 +37,7 @@ without it nvcc fuses multiply-adds and AdamW is no longer spec 3.1 to the bit.
 
 #include "cpu_adam.h"
 #include "llmc/args.h"
-#include "llmc/checkpoint.h"
+#include "llmc/train_loop.h"
 #include "llmc/cuda_kernels.cuh"
 #include "llmc/dataloader.h"
 #include "llmc/gpt2_file.h"
@@ -87,11 +87,7 @@ static float* point_activations(ActivationTensors* a, const size_t sizes[NUM_ACT
         &a->encoded,   &a->ln1,      &a->ln1_mean, &a->ln1_rstd,  &a->qkvr,     &a->atty,
         &a->att,       &a->residual2, &a->ln2,     &a->ln2_mean,  &a->ln2_rstd, &a->fch,
         &a->fch_gelu,  &a->residual3, &a->lnf,     &a->lnf_mean,  &a->lnf_rstd, &a->logits};
-    for (int i = 0; i < NUM_ACTIVATION_TENSORS; i++) {
-        *ptrs[i] = memory;
-        memory += sizes[i];
-    }
-    return memory;
+    return point_tensors(ptrs, sizes, NUM_ACTIVATION_TENSORS, memory);
 }
 
 // scratch: buffers every layer reuses, in the forward pass or the backward pass
@@ -113,11 +109,7 @@ static void scratch_sizes(size_t sizes[NUM_SCRATCH_TENSORS], const GPT2Config* c
 
 static float* point_scratch(ScratchTensors* s, const size_t sizes[NUM_SCRATCH_TENSORS], float* memory) {
     float** ptrs[NUM_SCRATCH_TENSORS] = {&s->qkv, &s->att, &s->btc, &s->dresidual, &s->dbtc, &s->d4c};
-    for (int i = 0; i < NUM_SCRATCH_TENSORS; i++) {
-        *ptrs[i] = memory;
-        memory += sizes[i];
-    }
-    return memory;
+    return point_tensors(ptrs, sizes, NUM_SCRATCH_TENSORS, memory);
 }
 
 typedef struct {
@@ -154,6 +146,7 @@ typedef struct {
     float mean_loss;   // of the last forward with targets (gpt2_read_loss), else -1
     int logits_valid;  // 1 if acts.logits holds logits (forward without targets)
     ZenFlow* zf;       // if set, the passes call its per-layer hooks (zenflow.h, spec 7)
+    float* params_host;  // (num_parameters) host, for checkpoints: allocated at the first
 } GPT2;
 
 // ----------------------------------------------------------------------------
@@ -220,6 +213,7 @@ void gpt2_free(GPT2* model) {
     cudaCheck(cudaEventDestroy(model->ids_read));
     cudaCheck(cudaEventDestroy(model->losses_written));
     free(model->counts_host);
+    free(model->params_host);
     memset(model, 0, sizeof(*model));
 }
 
@@ -443,35 +437,6 @@ void gpt2_copy_params_to_host(const GPT2* model, float* out) {
 // main training loop
 #ifndef TESTING
 
-// generates `steps` tokens after <|endoftext|> and prints them; the softmax of the one row
-// we need is done on the host (as the CPU trainer computes it)
-static void gpt2_sample(GPT2* model, const Tokenizer* tok, int eot, int steps, uint64_t* rng) {
-    int maxT = model->config.max_seq_len, V = model->config.vocab_size, Vp = model->config.padded_vocab_size;
-    int n = steps + 1 < maxT ? steps + 1 : maxT;
-    int* tokens = (int*)mallocCheck(n * sizeof(int));
-    float* probs = (float*)mallocCheck(V * sizeof(float));
-    tokens[0] = eot;
-    printf("generating:\n---\n");
-    for (int t = 1; t < n && !stop_requested(); t++) {  // (a signal stops it: llmc/checkpoint.h)
-        gpt2_forward(model, tokens, NULL, 1, t);
-        cudaCheck(cudaMemcpy(probs, model->acts.logits + (size_t)(t - 1) * Vp, V * sizeof(float),
-                             cudaMemcpyDeviceToHost));
-        float maxval = -INFINITY, sum = 0.0f;
-        for (int i = 0; i < V; i++) { maxval = probs[i] > maxval ? probs[i] : maxval; }
-        for (int i = 0; i < V; i++) {
-            probs[i] = expf(probs[i] - maxval);
-            sum += probs[i];
-        }
-        for (int i = 0; i < V; i++) { probs[i] = probs[i] / sum; }
-        tokens[t] = sample_mult(probs, V, random_f32(rng));
-        tokenizer_print(tok, tokens[t]);
-        fflush(stdout);
-    }
-    printf("\n---\n");
-    free(probs);
-    free(tokens);
-}
-
 // the GPU memory of each part, as cuda_malloc counted it (llmc/gpu_memory.h), and ZenFlow's host side
 static void print_memory_table(const GPT2* model, const ZenFlow* zf) {
     char heading[160];
@@ -506,14 +471,47 @@ static void report_step(int s, int steps, float loss, double ms, int tokens, con
     }
 }
 
+// the model as the work between steps uses it (llmc/train_loop.h)
+static float model_loss(void* ctx, const int* inputs, const int* targets, int B, int T) {
+    gpt2_forward((GPT2*)ctx, inputs, targets, B, T);
+    return gpt2_read_loss((GPT2*)ctx);
+}
+
+// the softmax of the one row the sampler needs is done on the host (as the CPU trainer computes it)
+static const float* model_next_probs(void* ctx, const int* tokens, int t, float* probs) {
+    GPT2* model = (GPT2*)ctx;
+    int V = model->config.vocab_size;
+    gpt2_forward(model, tokens, NULL, 1, t);
+    cudaCheck(cudaMemcpy(probs, model->acts.logits + (size_t)(t - 1) * model->config.padded_vocab_size,
+                         V * sizeof(float), cudaMemcpyDeviceToHost));
+    float maxval = -INFINITY, sum = 0.0f;
+    for (int i = 0; i < V; i++) { maxval = probs[i] > maxval ? probs[i] : maxval; }
+    for (int i = 0; i < V; i++) {
+        probs[i] = expf(probs[i] - maxval);
+        sum += probs[i];
+    }
+    for (int i = 0; i < V; i++) { probs[i] = probs[i] / sum; }
+    return probs;
+}
+
 // the working copy of the parameters in a host buffer, allocated at the first call (a
 // checkpoint, or the message of a non-finite loss)
-static float* params_on_host(GPT2* model, float** buffer) {
+static const float* model_params(void* ctx) {
+    GPT2* model = (GPT2*)ctx;
     if (model->zf != NULL) { zf_apply_pending(model->zf); }  // an apply still under way (pipelining)
-    if (*buffer == NULL) { *buffer = (float*)mallocCheck(model->num_parameters * sizeof(float)); }
-    gpt2_copy_params_to_host(model, *buffer);
-    return *buffer;
+    if (model->params_host == NULL) {
+        model->params_host = (float*)mallocCheck(model->num_parameters * sizeof(float));
+    }
+    gpt2_copy_params_to_host(model, model->params_host);
+    return model->params_host;
 }
+
+static void model_stop(void* ctx) {
+    zf_wait(((GPT2*)ctx)->zf);
+    gpu_trace_close();  // the GPU's spans into the trace, before run_dir_stop closes it
+}
+
+static void model_finish(void* ctx) { zf_drain(((GPT2*)ctx)->zf); }  // spec 4.7
 
 // a resume that falls back to an older checkpoint puts its parameters in (llmc/checkpoint.h)
 static void set_params(void* model, const float* params) {
@@ -522,45 +520,26 @@ static void set_params(void* model, const float* params) {
 }
 
 int main(int argc, char* argv[]) {
-    setvbuf(stdout, NULL, _IOLBF, 0);  // one line at a time, also into a log file or a pipe
     TrainArgs args;
     train_args_parse(&args, argc, argv, ZF_USAGE);
     train_args_refuse(train_args_zflag(&args, 'd') != NULL, "-zd", "the CPU trainer has it");
-    const char *train_pattern = args.train_pattern, *val_pattern = args.val_pattern;
-    const char *model_spec = args.model_spec, *tokenizer_path = args.tokenizer_path;
-    const int B = args.B, T = args.T, steps = args.steps, val_every = args.val_every;
-    const int val_batches = args.val_batches, sample_every = args.sample_every;
-    const int gen_tokens = args.gen_tokens, checkpoint_every = args.checkpoint_every;
-    const int use_tf32 = args.use_tf32;
-    const float lr = args.lr, weight_decay = args.weight_decay;
-    const long seed = args.seed;
     ZfConfig zcfg = zf_parse_flags(args.zflags, "dm");  // -zd, -zm: the trainers' own
     const char* metrics_path = train_args_zflag(&args, 'm');
     RunDir run;  // -o, -y: llmc/checkpoint.h
-    model_spec = run_dir_begin(&run, &args, argc, argv);  // with -y 1, the checkpoint's model
+    const char* model_spec = run_dir_begin(&run, &args, argc, argv);  // with -y 1, the checkpoint's model
 
     cudaDeviceProp prop = cuda_init_device();
     printf("[device] %s, compute capability %d.%d, %d SMs, %.1f GiB\n", prop.name, prop.major, prop.minor,
            prop.multiProcessorCount, prop.totalGlobalMem / 1073741824.0);
-    cublas_init(use_tf32);
+    cublas_init(args.use_tf32);
 
     GPT2 model;
-    gpt2_build(&model, model_spec, (uint64_t)seed);
+    gpt2_build(&model, model_spec, (uint64_t)args.seed);
     const GPT2Config* cfg = &model.config;
-    if (T > cfg->max_seq_len) { fatal("flag -t: T=%d exceeds the model's maxT=%d", T, cfg->max_seq_len); }
-    printf("[GPT-2] L=%d C=%d NH=%d V=%d Vp=%d maxT=%d, %zu parameters (%.1f M)\n", cfg->num_layers,
-           cfg->channels, cfg->num_heads, cfg->vocab_size, cfg->padded_vocab_size, cfg->max_seq_len,
-           model.num_parameters, model.num_parameters / 1e6);
-    printf("[run] B=%d T=%d steps=%d lr=%g wd=%g tf32=%s\n", B, T, steps, lr, weight_decay,
-           use_tf32 ? "on" : "off");
-
-    DataLoader train_loader, val_loader;
-    dataloader_init(&train_loader, train_pattern, B, T, cfg->vocab_size);
-    dataloader_init(&val_loader, val_pattern, B, T, cfg->vocab_size);
-    Tokenizer tokenizer;
-    tokenizer_init(&tokenizer, tokenizer_path);
-    tokenizer_match_model(&tokenizer, tokenizer_path, cfg->vocab_size);
-    train_args_notes(&args, cfg->max_seq_len, dataloader_batches(&val_loader));
+    train_print_run(cfg, model.num_parameters, &args, args.use_tf32 ? "tf32=on" : "tf32=off");
+    const int B = args.B, T = args.T, steps = args.steps;
+    TrainData data;  // -i, -j, -k (llmc/train_loop.h)
+    train_data_open(&data, &args, cfg);
 
     ZenFlow zf;
     ZfCudaDevice device;
@@ -580,12 +559,11 @@ int main(int argc, char* argv[]) {
         fprintf(metrics, "step,loss,ms,gpu_ms,compute_ms,stall_ms,cpu_ms,d2h_bytes,h2d_bytes,window_update_ms,select_ms\n");
     }
 
-    ZfAdamHyper hyper = {lr, 0.9f, 0.95f, 1e-8f, weight_decay};
-    uint64_t rng = (uint64_t)seed;  // the sampler's state, as in llm.c (train_gpt2.cpp says why)
-    float* host_params = NULL;  // for checkpoints
+    ZfAdamHyper hyper = {args.lr, 0.9f, 0.95f, 1e-8f, args.weight_decay};
+    uint64_t rng = (uint64_t)args.seed;  // the sampler's state, as in llm.c (train_gpt2.cpp says why)
     const OptimizerState zf_state = {&zf, zf_save_state, zf_load_state};  // llmc/checkpoint.h
-    int start_step = run_dir_resume(&run, zf_state, &train_loader, &rng, {&model, set_params}, cfg);
-    FILE* logfile = run.log;
+    const TrainerModel hooks = {&model, model_loss, model_next_probs, model_params, model_stop, model_finish};
+    int start_step = run_dir_resume(&run, zf_state, &data.train, &rng, {&model, set_params}, cfg);
 
     if (args.trace_path != NULL) {
         trace_open(args.trace_path, args.trace_first, args.trace_first + args.trace_steps - 1);
@@ -593,70 +571,35 @@ int main(int argc, char* argv[]) {
     }
 
     for (int step = start_step >= 0 ? start_step : 0; step <= steps; step++) {
-        int last = step == steps;
-        if (last) { zf_drain(&zf); }  // spec 4.7: what follows must see the final weights
-        // a resumed run continues with the step after its checkpoint: the evaluation,
-        // sample and checkpoint of this step happened before it was written (unless a stop
-        // wrote it before them: then they are done now)
-        int fresh = run_dir_fresh(&run, step);
-        uint64_t rng_at_step = rng;  // what a stop saves: the sample of this step is then redone
-        if (fresh && val_every > 0 && (step % val_every == 0 || last)) {
-            dataloader_reset(&val_loader);
-            float val_loss = 0.0f;
-            int i = 0;
-            for (; i < val_batches && !stop_requested(); i++) {
-                dataloader_next_batch(&val_loader);
-                gpt2_forward(&model, val_loader.inputs, val_loader.targets, B, T);
-                val_loss += gpt2_read_loss(&model);
-            }
-            val_loss /= val_batches;
-            if (i == val_batches) { printf("step %d/%d | val loss %f\n", step, steps, val_loss); }
-            if (logfile && i == val_batches) { fprintf(logfile, "s:%d tel:%f\n", step, val_loss); fflush(logfile); }
-        }
-        if (fresh && sample_every > 0 && step > 0 && (step % sample_every == 0 || last)) {
-            gpt2_sample(&model, &tokenizer, tokenizer.init_ok ? tokenizer.eot_token : cfg->vocab_size - 1,
-                        gen_tokens, &rng);
-        }
-        if (stop_requested()) {  // at the step boundary: checkpoint, exit 128 + signal
-            const float* params = run.dir != NULL ? params_on_host(&model, &host_params) : NULL;
-            zf_wait(&zf);
-            gpu_trace_close();
-            run_dir_stop(&run, step, cfg, params, zf_state, &train_loader, rng_at_step);
-        }
-        if (fresh && checkpoint_every > 0 && step > 0 && (step % checkpoint_every == 0 || last)) {
-            write_checkpoint(&run, step, 1, cfg, params_on_host(&model, &host_params), zf_state, &train_loader, rng);
-        }
-        if (last) { break; }
+        between_steps(&run, &args, step, &data, hooks, zf_state, cfg, &rng);  // -v, -s, -n, a stop
+        if (step == steps) { break; }
 
         trace_set_step(step + 1);
         double t0 = now_ms();
         zf_cuda_step_begin(&device, &zf);
-        dataloader_next_batch(&train_loader);
+        dataloader_next_batch(&data.train);
         int span = gpu_trace_begin(0);
-        gpt2_forward(&model, train_loader.inputs, train_loader.targets, B, T);
+        gpt2_forward(&model, data.train.inputs, data.train.targets, B, T);
         gpu_trace_end(span, 0, TRACE_COMPUTE, "forward");
         span = gpu_trace_begin(0);
         zf_before_backward(&zf, step);  // zero the gradients (with -za gpu inside a window only the GPU's part)
         gpt2_backward(&model);          // queued; it then waits for the loss
         gpu_trace_end(span, 0, TRACE_COMPUTE, "backward");
         if (!isfinite(model.mean_loss)) {  // the parameters are still those of the forward pass
-            gpt2_fatal_loss(step + 1, model.mean_loss, cfg, params_on_host(&model, &host_params));
+            gpt2_fatal_loss(step + 1, model.mean_loss, cfg, model_params(&model));
         }
         gpt2_warn_high_loss(step + 1, model.mean_loss, cfg->vocab_size);
         zf_step(&zf, step, hyper);
         ZfStepStats st = zf_cuda_step_end(&device, &zf);  // waits for the default stream
         gpu_trace_step_done();
-        report_step(step + 1, steps, model.mean_loss, now_ms() - t0, B * T, &st, &zf, logfile, metrics);
+        report_step(step + 1, steps, model.mean_loss, now_ms() - t0, B * T, &st, &zf, run.log, metrics);
     }
 
     gpu_trace_close();
-    if (logfile) { fclose(logfile); }
+    if (run.log) { fclose(run.log); }
     if (metrics) { fclose(metrics); }
-    free(host_params);
     zf_cuda_free(&zf, &device);
-    tokenizer_free(&tokenizer);
-    dataloader_free(&train_loader);
-    dataloader_free(&val_loader);
+    train_data_free(&data);
     gpt2_free(&model);
     cublas_free();
     return 0;

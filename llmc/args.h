@@ -70,6 +70,7 @@ static inline void train_args_usage(const char* program, const char* more_usage)
 // parses argv into *a; prints the usage (with more_usage) and exits 0 for -h, fails with one
 // line otherwise
 static inline void train_args_parse(TrainArgs* a, int argc, char* argv[], const char* more_usage) {
+    setvbuf(stdout, NULL, _IOLBF, 0);  // the trainer's lines one at a time, also into a log file or a pipe
     memset(a, 0, sizeof(*a));
     a->train_pattern = "data/tinyshakespeare/tiny_shakespeare_train.bin";
     a->val_pattern = "data/tinyshakespeare/tiny_shakespeare_val.bin";

@@ -113,10 +113,7 @@ static inline void point_parameters(ParameterTensors* p, const GPT2Config* c, fl
     float** ptrs[NUM_PARAMETER_TENSORS] = {
         &p->wte,  &p->wpe,  &p->ln1w, &p->ln1b, &p->qkvw,    &p->qkvb,    &p->attprojw, &p->attprojb,
         &p->ln2w, &p->ln2b, &p->fcw,  &p->fcb,  &p->fcprojw, &p->fcprojb, &p->lnfw,     &p->lnfb};
-    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
-        *ptrs[i] = memory;
-        memory += sizes[i];
-    }
+    point_tensors(ptrs, sizes, NUM_PARAMETER_TENSORS, memory);
 }
 
 // A non-finite training loss stops the run, naming the first non-finite parameter tensor

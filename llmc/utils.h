@@ -176,6 +176,15 @@ static inline uint32_t random_u32(uint64_t* state) {
     return (uint32_t)((*state * 0x2545F4914F6CDD1Dull) >> 32);
 }
 
+// points each of n tensors into one buffer, one after another (sizes in floats); returns the end
+static inline float* point_tensors(float** const ptrs[], const size_t sizes[], int n, float* memory) {
+    for (int i = 0; i < n; i++) {
+        *ptrs[i] = memory;
+        memory += sizes[i];
+    }
+    return memory;
+}
+
 // uniform in [0, 1)
 static inline float random_f32(uint64_t* state) {
     return (random_u32(state) >> 8) / 16777216.0f;

@@ -86,7 +86,8 @@ class Rng:
 
 
 def reference_sample(model, rng, eot, n_tokens):
-    """(ids, smallest |coin - cdf step|): n_tokens draws after eot, as the trainers' gpt2_sample"""
+    """(ids, smallest |coin - cdf step|): n_tokens draws after eot, as the trainers draw them
+    (train_sample in llmc/train_loop.h)"""
     V = model.config.vocab_size
     tokens, margin = [eot], 1.0
     with torch.no_grad():

@@ -1,0 +1,133 @@
+/*
+The parts of the training loop both trainers share: the run's data and first lines, and what
+happens between two training steps, in this order: the val loss (-v, -m), a sample (-s, -g),
+the checkpoint of a stop (SIGINT, SIGTERM), the checkpoint (-n into -o). The trainer hands
+over its model as a few small functions (TrainerModel), ZenFlow as the OptimizerState of
+llmc/checkpoint.h.
+
+  train_print_run(cfg, num_parameters, &args, "threads=2");
+  TrainData data;  train_data_open(&data, &args, cfg);
+  for (step = 0; step <= steps; step++) {
+      between_steps(&run, &args, step, &data, model, opt, cfg, &rng);
+      if (step == steps) { break; }
+      <the training step>
+  }
+*/
+#ifndef LLMC_TRAIN_LOOP_H
+#define LLMC_TRAIN_LOOP_H
+
+#include "checkpoint.h"
+#include "tokenizer.h"
+
+// the run's data: the token shards (-i, -j) and the tokenizer the samples print with (-k)
+typedef struct {
+    DataLoader train, val;
+    Tokenizer tokenizer;
+} TrainData;
+
+// a trainer's model, as the work between steps uses it (ctx: the trainer's GPT2)
+typedef struct {
+    void* ctx;
+    // a forward pass over inputs and targets (B, T): its mean loss
+    float (*loss)(void* ctx, const int* inputs, const int* targets, int B, int T);
+    // a forward pass over tokens (1, t): the (V) probabilities of token t, on the host
+    // (scratch: V floats the trainer may write them to)
+    const float* (*next_probs)(void* ctx, const int* tokens, int t, float* scratch);
+    // (num_parameters) the parameters on the host, every update applied that is due
+    const float* (*params)(void* ctx);
+    // before a stop exits: no CPU job is still running and every span is in the trace
+    void (*stop)(void* ctx);
+    // before the last step's evaluation and checkpoint: every update in the parameters
+    void (*finish)(void* ctx);
+} TrainerModel;
+
+// the model's line and the run's (device: what the trainer adds, e.g. "threads=2")
+static inline void train_print_run(const GPT2Config* c, size_t num_parameters, const TrainArgs* a, const char* device) {
+    printf("[GPT-2] L=%d C=%d NH=%d V=%d Vp=%d maxT=%d, %zu parameters (%.1f M)\n", c->num_layers, c->channels,
+           c->num_heads, c->vocab_size, c->padded_vocab_size, c->max_seq_len, num_parameters, num_parameters / 1e6);
+    printf("[run] B=%d T=%d steps=%d lr=%g wd=%g %s\n", a->B, a->T, a->steps, a->lr, a->weight_decay, device);
+}
+
+// opens -i, -j and -k for this model (its vocabulary; T no longer than its maxT)
+static inline void train_data_open(TrainData* d, const TrainArgs* a, const GPT2Config* c) {
+    if (a->T > c->max_seq_len) { fatal("flag -t: T=%d exceeds the model's maxT=%d", a->T, c->max_seq_len); }
+    dataloader_init(&d->train, a->train_pattern, a->B, a->T, c->vocab_size);
+    dataloader_init(&d->val, a->val_pattern, a->B, a->T, c->vocab_size);
+    tokenizer_init(&d->tokenizer, a->tokenizer_path);
+    tokenizer_match_model(&d->tokenizer, a->tokenizer_path, c->vocab_size);
+    train_args_notes(a, c->max_seq_len, dataloader_batches(&d->val));
+}
+
+static inline void train_data_free(TrainData* d) {
+    tokenizer_free(&d->tokenizer);
+    dataloader_free(&d->train);
+    dataloader_free(&d->val);
+}
+
+// the mean loss of the first n val batches, printed and logged (main.log's tel: line); a
+// signal stops it at the next batch, and nothing is printed
+static inline void train_evaluate(const RunDir* run, DataLoader* val, int n, int step, int steps, TrainerModel m) {
+    dataloader_reset(val);
+    float val_loss = 0.0f;
+    for (int i = 0; i < n; i++) {
+        if (stop_requested()) { return; }
+        dataloader_next_batch(val);
+        val_loss += m.loss(m.ctx, val->inputs, val->targets, val->B, val->T);
+    }
+    val_loss /= n;
+    printf("step %d/%d | val loss %f\n", step, steps, val_loss);
+    if (run->log != NULL) {
+        fprintf(run->log, "s:%d tel:%f\n", step, val_loss);
+        fflush(run->log);
+    }
+}
+
+// prints n tokens drawn after <|endoftext|> (at most maxT - 1), one coin each from *rng as
+// llm.c draws them; a signal stops it at the next token
+static inline void train_sample(const Tokenizer* tok, const GPT2Config* c, int n, uint64_t* rng, TrainerModel m) {
+    int eot = tok->init_ok ? tok->eot_token : c->vocab_size - 1;
+    int len = n + 1 < c->max_seq_len ? n + 1 : c->max_seq_len;
+    int* tokens = (int*)mallocCheck(len * sizeof(int));
+    float* scratch = (float*)mallocCheck(c->vocab_size * sizeof(float));
+    tokens[0] = eot;
+    printf("generating:\n---\n");
+    for (int t = 1; t < len && !stop_requested(); t++) {
+        const float* probs = m.next_probs(m.ctx, tokens, t, scratch);
+        tokens[t] = sample_mult(probs, c->vocab_size, random_f32(rng));
+        tokenizer_print(tok, tokens[t]);
+        fflush(stdout);
+    }
+    printf("\n---\n");
+    free(scratch);
+    free(tokens);
+}
+
+// every `every` steps, and at the last one (every 0: never)
+static inline int train_due(int every, int step, int last) { return every > 0 && (step % every == 0 || last); }
+
+// Before step `step` + 1 (and after the last): what -v, -s and -n ask for this step, and a
+// stop's checkpoint. A resumed run continues with the step after its checkpoint, whose
+// evaluation, sample and checkpoint came before it was written (unless a stop wrote it
+// before them: then they are done now, run_dir_fresh).
+static inline void between_steps(RunDir* run, const TrainArgs* a, int step, TrainData* d, TrainerModel m,
+                                 OptimizerState opt, const GPT2Config* c, uint64_t* rng) {
+    int last = step == a->steps, fresh = run_dir_fresh(run, step);
+    if (last) { m.finish(m.ctx); }
+    uint64_t rng_at_step = *rng;  // what a stop saves: the sample of this step is then redone
+    if (fresh && train_due(a->val_every, step, last)) {
+        train_evaluate(run, &d->val, a->val_batches, step, a->steps, m);
+    }
+    if (fresh && step > 0 && train_due(a->sample_every, step, last)) {
+        train_sample(&d->tokenizer, c, a->gen_tokens, rng, m);
+    }
+    if (stop_requested()) {  // checkpoint, exit 128 + signal
+        const float* params = run->dir != NULL ? m.params(m.ctx) : NULL;
+        m.stop(m.ctx);
+        run_dir_stop(run, step, c, params, opt, &d->train, rng_at_step);
+    }
+    if (fresh && step > 0 && train_due(a->checkpoint_every, step, last)) {
+        write_checkpoint(run, step, 1, c, m.params(m.ctx), opt, &d->train, *rng);
+    }
+}
+
+#endif  // LLMC_TRAIN_LOOP_H
