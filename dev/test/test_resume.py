@@ -116,7 +116,8 @@ def main():
         rng = random.Random(1234)
         restarts, missed = 0, 0
         for attempt in range(3 * kills + 20):
-            args = trainer_args(trainer, case, outdir, extra + ["-y", "1"])
+            # at the lowest priority, so that on a busy machine this reader keeps up with it
+            args = ["nice", "-n", "19"] + trainer_args(trainer, case, outdir, extra + ["-y", "1"])
             p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             if restarts < kills:
                 # kill a little after a random step line: sometimes mid-step, sometimes while
@@ -137,8 +138,8 @@ def main():
                     restarts += 1
             _, err = p.communicate(timeout=600)
             if p.returncode == 0 and restarts < kills and missed < 2:
-                # the run ended before its kill: on a busy machine this reader can fall more
-                # than the 5 steps behind the trainer. Start over, in an empty directory.
+                # the run ended before its kill: this reader fell more than the 5 steps
+                # behind the trainer (a busy machine). Start over, in an empty directory.
                 missed += 1
                 restarts = 0
                 shutil.rmtree(outdir)
