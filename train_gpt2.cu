@@ -146,7 +146,7 @@ typedef struct {
     float mean_loss;   // of the last forward with targets (gpt2_read_loss), else -1
     int logits_valid;  // 1 if acts.logits holds logits (forward without targets)
     ZenFlow* zf;       // if set, the passes call its per-layer hooks (zenflow.h, spec 7)
-    float* params_host;  // (num_parameters) host, for checkpoints: allocated at the first
+    float* params_host;  // (num_parameters) host, for checkpoints: allocated by the first model_params
 } GPT2;
 
 // ----------------------------------------------------------------------------

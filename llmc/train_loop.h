@@ -42,7 +42,8 @@ typedef struct {
 } TrainerModel;
 
 // the model's line and the run's (device: what the trainer adds, e.g. "threads=2")
-static inline void train_print_run(const GPT2Config* c, size_t num_parameters, const TrainArgs* a, const char* device) {
+static inline void train_print_run(const GPT2Config* c, size_t num_parameters, const TrainArgs* a,
+                                   const char* device) {
     printf("[GPT-2] L=%d C=%d NH=%d V=%d Vp=%d maxT=%d, %zu parameters (%.1f M)\n", c->num_layers, c->channels,
            c->num_heads, c->vocab_size, c->padded_vocab_size, c->max_seq_len, num_parameters, num_parameters / 1e6);
     printf("[run] B=%d T=%d steps=%d lr=%g wd=%g %s\n", a->B, a->T, a->steps, a->lr, a->weight_decay, device);
