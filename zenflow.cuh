@@ -56,46 +56,6 @@ typedef struct {
 #define ZF_THREADS 256             // threads per block of the element-wise kernels
 #define ZF_CHUNK (4 * ZF_THREADS)  // elements per block of the element-wise kernels
 
-// the set of block b: the last s with start[s] <= b (an empty set is never found)
-__device__ inline int zf_find_set(const long long* start, int num_sets, long long b) {
-    int lo = 0, hi = num_sets - 1;
-    while (lo < hi) {
-        int mid = (lo + hi + 1) / 2;
-        if (start[mid] <= b) {
-            lo = mid;
-        } else {
-            hi = mid - 1;
-        }
-    }
-    return lo;
-}
-
-// The prologue of every element-wise kernel over the GPU-owned columns: this block's chunk
-// of ZF_CHUNK elements of one set, taken row by row (so consecutive threads read W's row o
-// left to right, and m, v in order).
-typedef struct {
-    ZfColumnSet set;
-    const int* cols;  // the set's columns
-    int base;         // the chunk's first element
-} ZfChunk;
-
-__device__ inline ZfChunk zf_chunk_of_block(ZfGrid g) {
-    int s = zf_find_set(g.start, g.num_sets, blockIdx.x);
-    ZfChunk c = {g.sets[s], g.order + g.sets[s].list_offset, (int)(blockIdx.x - g.start[s]) * ZF_CHUNK};
-    return c;
-}
-
-// element base + j of the chunk, (row o, set column r): *at = W[o, col_r] in the full
-// buffer, *k = its packed moment; 0 past the set's end
-__device__ inline int zf_chunk_element(const ZfChunk& c, int j, size_t* at, size_t* k) {
-    int i = c.base + j;
-    if (i >= c.set.count * c.set.rows) { return 0; }
-    int o = i / c.set.count, r = i % c.set.count;
-    *at = c.set.full_offset + (size_t)o * c.set.cols + c.cols[r];
-    *k = c.set.packed_offset + (size_t)o * c.set.count + r;
-    return 1;
-}
-
 // a host-mirrored table of column sets and the grid over them (selection_changed fills it)
 typedef struct {
     ZfColumnSet* sets;     // (num_sets) device
@@ -188,80 +148,50 @@ typedef struct {
 static void zf_cuda_compute_waits(ZfCudaDevice* dev, cudaEvent_t event);
 
 // ============================================================================
-// The default step
+// The kernels of the default step
 // ============================================================================
+// Each block takes one chunk (element-wise kernels) or one tile (gather, scatter) of one
+// column set; the host side below says when each runs and on which stream.
 
-// ----------------------------------------------------------------------------
-// before the backward pass (spec 7): zero the gradients, or with -za gpu inside a window
-// only the GPU-owned ones (the vectors, then the selected columns: one launch each)
-
-__global__ void zf_zero_columns_kernel(float* __restrict__ grads,  // (num_parameters)
-                                       ZfGrid sets) {
-    ZfChunk chunk = zf_chunk_of_block(sets);
-    for (int j = threadIdx.x; j < ZF_CHUNK; j += ZF_THREADS) {
-        size_t at, k;
-        if (zf_chunk_element(chunk, j, &at, &k)) { grads[at] = 0.0f; }
+// the set of block b: the last s with start[s] <= b (an empty set is never found)
+__device__ inline int zf_find_set(const long long* start, int num_sets, long long b) {
+    int lo = 0, hi = num_sets - 1;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (start[mid] <= b) {
+            lo = mid;
+        } else {
+            hi = mid - 1;
+        }
     }
+    return lo;
 }
 
-// zero the gradients of a grid's sets (blocks: the grid's chunks)
-static void zf_cuda_zero_columns(ZfCudaDevice* dev, ZfGrid grid, long long blocks) {
-    if (blocks == 0) { return; }
-    zf_zero_columns_kernel<<<(unsigned)blocks, ZF_THREADS>>>(dev->grads, grid);
-    cudaCheck(cudaGetLastError());
+// The prologue of every element-wise kernel over the GPU-owned columns: this block's chunk
+// of ZF_CHUNK elements of one set, taken row by row (so consecutive threads read W's row o
+// left to right, and m, v in order).
+typedef struct {
+    ZfColumnSet set;
+    const int* cols;  // the set's columns
+    int base;         // the chunk's first element
+} ZfChunk;
+
+__device__ inline ZfChunk zf_chunk_of_block(ZfGrid g) {
+    int s = zf_find_set(g.start, g.num_sets, blockIdx.x);
+    ZfChunk c = {g.sets[s], g.order + g.sets[s].list_offset, (int)(blockIdx.x - g.start[s]) * ZF_CHUNK};
+    return c;
 }
 
-static void zf_cuda_zero_grads(void* ctx, const ZenFlow* zf, int all) {
-    ZfCudaDevice* dev = (ZfCudaDevice*)ctx;
-    (void)zf;
-    if (all) {
-        cudaCheck(cudaMemsetAsync(dev->grads, 0, dev->num_parameters * sizeof(float), 0));
-        return;
-    }
-    zf_cuda_zero_columns(dev, dev->vector_grid, dev->vectors.h_blocks[zf->own.num_vectors]);
-    zf_cuda_zero_columns(dev, dev->gpu_grid, dev->gpu.h_blocks[dev->num_sets]);
+// element base + j of the chunk, (row o, set column r): *at = W[o, col_r] in the full
+// buffer, *k = its packed moment; 0 past the set's end
+__device__ inline int zf_chunk_element(const ZfChunk& c, int j, size_t* at, size_t* k) {
+    int i = c.base + j;
+    if (i >= c.set.count * c.set.rows) { return 0; }
+    int o = i / c.set.count, r = i % c.set.count;
+    *at = c.set.full_offset + (size_t)o * c.set.cols + c.cols[r];
+    *k = c.set.packed_offset + (size_t)o * c.set.count + r;
+    return 1;
 }
-
-// ----------------------------------------------------------------------------
-// 4.3 AdamW on the GPU-owned elements
-
-// one thread per element of a grid's sets: the selected columns (m, v: after the vectors'
-// moments), or the vectors (m, v: their moments, at the start); llmc/adamw.h's formula
-__global__ void zf_adam_columns_kernel(float* __restrict__ params,       // (num_parameters)
-                                       const float* __restrict__ grads,  // (num_parameters)
-                                       float* __restrict__ m,            // (the grid's elements) row by row
-                                       float* __restrict__ v,            // (the grid's elements)
-                                       ZfGrid sets, AdamWConsts c) {
-    ZfChunk chunk = zf_chunk_of_block(sets);
-    for (int j = threadIdx.x; j < ZF_CHUNK; j += ZF_THREADS) {
-        size_t at, k;
-        if (zf_chunk_element(chunk, j, &at, &k)) { adamw_one(params + at, m + k, v + k, grads[at], c); }
-    }
-}
-
-static void zf_cuda_adam_columns(ZfCudaDevice* dev, ZfGrid grid, long long blocks, float* m, float* v,
-                                 AdamWConsts c) {
-    if (blocks == 0) { return; }
-    zf_adam_columns_kernel<<<(unsigned)blocks, ZF_THREADS>>>(dev->params, dev->grads, m, v, grid, c);
-    cudaCheck(cudaGetLastError());
-}
-
-// AdamW (spec 3.1) on every GPU-owned element: the vectors (no weight decay, spec 1) in one
-// launch, then the selected columns of every matrix in another
-static void zf_cuda_gpu_adam(void* ctx, const ZenFlow* zf, ZfAdamHyper h, int step) {
-    ZfCudaDevice* dev = (ZfCudaDevice*)ctx;
-    const size_t V = zf->own.vector_elems;
-    int span = gpu_trace_begin(0);
-    AdamWConsts vectors = adamw_consts(h.lr, h.beta1, h.beta2, h.eps, 0.0f, step);
-    zf_cuda_adam_columns(dev, dev->vector_grid, dev->vectors.h_blocks[zf->own.num_vectors], dev->m, dev->v, vectors);
-    AdamWConsts matrices = adamw_consts(h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, step);
-    zf_cuda_adam_columns(dev, dev->gpu_grid, dev->gpu.h_blocks[dev->num_sets], dev->m + V, dev->v + V, matrices);
-    gpu_trace_end(span, 0, TRACE_COMPUTE, "GPU-side AdamW");
-}
-
-// ----------------------------------------------------------------------------
-// 4.4 the CPU-owned columns to the host: gather into a staging buffer on the default
-// stream, copy out on the d2h stream
 
 // the tile of block b of a tiled kernel: set columns r0.., rows o0..
 typedef struct {
@@ -279,6 +209,30 @@ __device__ inline ZfTile zf_tile_of_block(ZfGrid g, long long b) {
     t.r0 = (int)(tile % tiles_r) * ZF_TILE;
     t.o0 = (int)(tile / tiles_r) * ZF_TILE;
     return t;
+}
+
+// zeroes every element of a grid's sets in the gradient buffer
+__global__ void zf_zero_columns_kernel(float* __restrict__ grads,  // (num_parameters)
+                                       ZfGrid sets) {
+    ZfChunk chunk = zf_chunk_of_block(sets);
+    for (int j = threadIdx.x; j < ZF_CHUNK; j += ZF_THREADS) {
+        size_t at, k;
+        if (zf_chunk_element(chunk, j, &at, &k)) { grads[at] = 0.0f; }
+    }
+}
+
+// one thread per element of a grid's sets: the selected columns (m, v: after the vectors'
+// moments), or the vectors (m, v: their moments, at the start); llmc/adamw.h's formula
+__global__ void zf_adam_columns_kernel(float* __restrict__ params,       // (num_parameters)
+                                       const float* __restrict__ grads,  // (num_parameters)
+                                       float* __restrict__ m,            // (the grid's elements) row by row
+                                       float* __restrict__ v,            // (the grid's elements)
+                                       ZfGrid sets, AdamWConsts c) {
+    ZfChunk chunk = zf_chunk_of_block(sets);
+    for (int j = threadIdx.x; j < ZF_CHUNK; j += ZF_THREADS) {
+        size_t at, k;
+        if (zf_chunk_element(chunk, j, &at, &k)) { adamw_one(params + at, m + k, v + k, grads[at], c); }
+    }
 }
 
 // The CPU-owned columns of W (gradients, or parameters) into the packed CPU layout: a
@@ -306,6 +260,78 @@ __global__ void zf_gather_columns_kernel(float* __restrict__ packed,      // (cp
         }
     }
 }
+
+// the gather's inverse: packed column r0 + j, row o0 + tx -> W[o0 + j, col(r0 + tx)]
+__global__ void zf_scatter_columns_kernel(float* __restrict__ full,          // (num_parameters)
+                                          const float* __restrict__ packed,  // (cpu_elems)
+                                          ZfGrid cpu, long long first_tile) {
+    __shared__ float tile[ZF_TILE][ZF_TILE + 1];
+    const ZfTile t = zf_tile_of_block(cpu, first_tile + blockIdx.x);
+    const int tx = threadIdx.x, ty = threadIdx.y;
+    if (t.o0 + tx < t.set.rows) {
+        for (int j = ty; j < ZF_TILE && t.r0 + j < t.set.count; j += ZF_TILE_ROWS) {
+            tile[j][tx] = packed[t.set.packed_offset + (size_t)(t.r0 + j) * t.set.rows + t.o0 + tx];
+        }
+    }
+    __syncthreads();
+    if (t.r0 + tx < t.set.count) {
+        for (int j = ty; j < ZF_TILE && t.o0 + j < t.set.rows; j += ZF_TILE_ROWS) {
+            full[t.set.full_offset + (size_t)(t.o0 + j) * t.set.cols + t.cols[t.r0 + tx]] = tile[tx][j];
+        }
+    }
+}
+
+// ============================================================================
+// The default step
+// ============================================================================
+
+// ----------------------------------------------------------------------------
+// before the backward pass (spec 7): zero the gradients, or with -za gpu inside a window
+// only the GPU-owned ones (the vectors, then the selected columns: one launch each)
+
+// zero the gradients of a grid's sets (blocks: the grid's chunks)
+static void zf_cuda_zero_columns(ZfCudaDevice* dev, ZfGrid grid, long long blocks) {
+    if (blocks == 0) { return; }
+    zf_zero_columns_kernel<<<(unsigned)blocks, ZF_THREADS>>>(dev->grads, grid);
+    cudaCheck(cudaGetLastError());
+}
+
+static void zf_cuda_zero_grads(void* ctx, const ZenFlow* zf, int all) {
+    ZfCudaDevice* dev = (ZfCudaDevice*)ctx;
+    if (all) {
+        cudaCheck(cudaMemsetAsync(dev->grads, 0, dev->num_parameters * sizeof(float), 0));
+        return;
+    }
+    zf_cuda_zero_columns(dev, dev->vector_grid, dev->vectors.h_blocks[zf->own.num_vectors]);
+    zf_cuda_zero_columns(dev, dev->gpu_grid, dev->gpu.h_blocks[dev->num_sets]);
+}
+
+// ----------------------------------------------------------------------------
+// 4.3 AdamW on the GPU-owned elements
+
+static void zf_cuda_adam_columns(ZfCudaDevice* dev, ZfGrid grid, long long blocks, float* m, float* v,
+                                 AdamWConsts c) {
+    if (blocks == 0) { return; }
+    zf_adam_columns_kernel<<<(unsigned)blocks, ZF_THREADS>>>(dev->params, dev->grads, m, v, grid, c);
+    cudaCheck(cudaGetLastError());
+}
+
+// AdamW (spec 3.1) on every GPU-owned element: the vectors (no weight decay, spec 1) in one
+// launch, then the selected columns of every matrix in another
+static void zf_cuda_gpu_adam(void* ctx, const ZenFlow* zf, ZfAdamHyper h, int step) {
+    ZfCudaDevice* dev = (ZfCudaDevice*)ctx;
+    const size_t V = zf->own.vector_elems;
+    int span = gpu_trace_begin(0);
+    AdamWConsts vectors = adamw_consts(h.lr, h.beta1, h.beta2, h.eps, 0.0f, step);
+    zf_cuda_adam_columns(dev, dev->vector_grid, dev->vectors.h_blocks[zf->own.num_vectors], dev->m, dev->v, vectors);
+    AdamWConsts matrices = adamw_consts(h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, step);
+    zf_cuda_adam_columns(dev, dev->gpu_grid, dev->gpu.h_blocks[dev->num_sets], dev->m + V, dev->v + V, matrices);
+    gpu_trace_end(span, 0, TRACE_COMPUTE, "GPU-side AdamW");
+}
+
+// ----------------------------------------------------------------------------
+// 4.4 the CPU-owned columns to the host: gather into a staging buffer on the default
+// stream, copy out on the d2h stream
 
 // A transfer group's CPU-side sets (-1: all of them) are one range [*s0, *s1) of the CPU
 // sets, and so one range of tiles and one range of the packed buffers: [*at, *at + *n) floats
@@ -390,26 +416,6 @@ static void zf_cuda_host_wait(void* ctx, const float* host) {
 // 4.6 apply: the CPU's result back into the working copy: copy in on the h2d stream (from
 // the updater thread as soon as the update is done: the prefetch), scatter on the default
 // stream at the boundary
-
-// the gather's inverse: packed column r0 + j, row o0 + tx -> W[o0 + j, col(r0 + tx)]
-__global__ void zf_scatter_columns_kernel(float* __restrict__ full,          // (num_parameters)
-                                          const float* __restrict__ packed,  // (cpu_elems)
-                                          ZfGrid cpu, long long first_tile) {
-    __shared__ float tile[ZF_TILE][ZF_TILE + 1];
-    const ZfTile t = zf_tile_of_block(cpu, first_tile + blockIdx.x);
-    const int tx = threadIdx.x, ty = threadIdx.y;
-    if (t.o0 + tx < t.set.rows) {
-        for (int j = ty; j < ZF_TILE && t.r0 + j < t.set.count; j += ZF_TILE_ROWS) {
-            tile[j][tx] = packed[t.set.packed_offset + (size_t)(t.r0 + j) * t.set.rows + t.o0 + tx];
-        }
-    }
-    __syncthreads();
-    if (t.r0 + tx < t.set.count) {
-        for (int j = ty; j < ZF_TILE && t.o0 + j < t.set.rows; j += ZF_TILE_ROWS) {
-            full[t.set.full_offset + (size_t)(t.o0 + j) * t.set.cols + t.cols[t.r0 + tx]] = tile[tx][j];
-        }
-    }
-}
 
 // Packed CPU-owned columns of transfer group `group` (-1: all) from `host` into the staging
 // buffer, on the h2d stream. A new upload (all, or a transfer's first group, 0) goes after

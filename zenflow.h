@@ -264,15 +264,19 @@ typedef struct ZenFlow {
 
 // the options' entry points, defined below the default step
 static inline int zf_in_warmup(const ZenFlow* zf, int t) { return t < zf->cfg.warmup; }
-static inline void zf_warmup_start(ZenFlow* zf, int t);
+static inline void zf_warmup_start(ZenFlow* zf);
 static inline void zf_step_synchronous(ZenFlow* zf, int t, int closes, ZfAdamHyper hyper);
 static inline void zf_gpu_sum_before_backward(ZenFlow* zf, int t);
 static inline void zf_step_gpu_sum(ZenFlow* zf, int t, int closes, ZfAdamHyper hyper);
 static inline void zf_apply_pending(ZenFlow* zf);
 static inline int zf_auto_closes(ZenFlow* zf, int n);
 static inline void zf_auto_end_step(ZenFlow* zf, int t, int closed);
-static inline void zf_host_blocks(ZenFlow* zf, int begin);
 static inline void zf_log_selection(ZenFlow* zf, int t, int index, const float* scores);
+// the measurement: a wait of the main thread is a stall (spec 8); the CPU's work, timed
+static inline void zf_host_blocks(ZenFlow* zf, int begin);
+static inline double zf_stall_begin(ZenFlow* zf);
+static inline void zf_stall_end(ZenFlow* zf, double t0, const char* what);
+static inline double zf_cpu_work_done(ZenFlow* zf, TraceTrack track, const char* what, double t0);
 
 static inline void zf_host_wait(ZenFlow* zf, const float* host) {
     if (zf->backend.host_wait != NULL) { zf->backend.host_wait(zf->backend.ctx, host); }
@@ -280,26 +284,6 @@ static inline void zf_host_wait(ZenFlow* zf, const float* host) {
 
 // ----------------------------------------------------------------------------
 // running and waiting for the CPU's jobs: the main thread waits only here
-
-// The main thread blocks on the CPU side, and the device runs dry meanwhile: spec 8 counts it
-// as stall (zf_host_blocks tells the backend), and the timeline shows it on the waits row
-static inline double zf_stall_begin(ZenFlow* zf) {
-    zf_host_blocks(zf, 1);
-    return now_ms();
-}
-
-static inline void zf_stall_end(ZenFlow* zf, double t0, const char* what) {
-    zf_host_blocks(zf, 0);
-    trace_event(TRACE_WAIT, what, t0, now_ms());
-}
-
-// CPU optimizer work, added up by both threads (atomically), and on the timeline
-static inline double zf_cpu_work_done(ZenFlow* zf, TraceTrack track, const char* what, double t0) {
-    double t1 = now_ms();
-    __atomic_add_fetch(&zf->stats.cpu_work_us, (long long)((t1 - t0) * 1e3), __ATOMIC_RELAXED);
-    trace_event(track, what, t0, t1);
-    return t1 - t0;
-}
 
 static int zf_accumulate(void* arg);
 static int zf_window_update(void* arg);
@@ -351,22 +335,8 @@ static inline void zf_wait_job(ZenFlow* zf, ZfTicket job) {
     if (status != 0) { zf_check_workers(zf); }
 }
 
-static inline int zf_job_finished(ZfTicket job) {
-    return job.ticket < 0 || zf_worker_finished(job.thread, job.ticket);
-}
-
 // ----------------------------------------------------------------------------
 // before the backward pass of step t (spec 7), which ADDS into the gradient buffer
-
-// Takes the next landing buffer for this step's gradient columns; the job that read it last
-// (with overlap: two steps ago) must be done.
-static inline void zf_take_landing(ZenFlow* zf) {
-    ZfLanding* l = &zf->landing;
-    l->current = l->next;
-    l->next = (l->next + 1) % l->count;
-    zf_wait_job(zf, l->reader[l->current]);
-    l->reader[l->current] = zf_no_job;
-}
 
 // May this step's gradient columns leave layer by layer (the per-layer pipelining)? Only when
 // the ownership is known already: not at t = 0, not at a selection.
@@ -375,19 +345,25 @@ static inline int zf_layers_may_leave(const ZenFlow* zf, int t) {
     return zf->cfg.pipeline && t > 0 && !zf_selects_at(zf, t) && zf->own.cpu_elems > 0;
 }
 
-// Zeroes the gradient buffer and says where the layers' gradient columns go: the next landing
-// buffer, if it is free without waiting (waiting here would hold back the backward's launch).
+// Zeroes the gradient buffer and takes the next landing buffer for this step's gradient
+// columns: the job that read it last (with overlap: the accumulation of two steps ago) is
+// long done, or the wait is a stall. The layers' columns may leave into it during the backward.
 static inline void zf_before_backward(ZenFlow* zf, int t) {
     if (zf->cfg.accumulate == ZF_ACCUMULATE_GPU) {  // option: -za gpu
         zf_gpu_sum_before_backward(zf, t);
         return;
     }
+    ZfLanding* l = &zf->landing;
     zf->backend.zero_grads(zf->backend.ctx, zf, 1);
+    l->current = l->next;
+    l->next = (l->next + 1) % l->count;
+    zf_wait_job(zf, l->reader[l->current]);
+    l->reader[l->current] = zf_no_job;
     zf->pipe.early_dest = NULL;
-    if (!zf_layers_may_leave(zf, t) || !zf_job_finished(zf->landing.reader[zf->landing.next])) { return; }
-    zf_take_landing(zf);  // does not block: its job is done
-    zf->pipe.early_dest = zf->landing.buf[zf->landing.current];
-    zf->pipe.next_group = zf->own.num_groups - 1;
+    if (zf_layers_may_leave(zf, t)) {
+        zf->pipe.early_dest = l->buf[l->current];
+        zf->pipe.next_group = zf->own.num_groups - 1;
+    }
 }
 
 // ----------------------------------------------------------------------------
@@ -425,14 +401,6 @@ static inline void zf_grads_to_host(ZenFlow* zf, float* host) {
     zf->pipe.early_dest = NULL;
 }
 
-// 4.4: g_t's CPU-owned columns land on the host (those that have not already); returns where
-static inline float* zf_land_grads(ZenFlow* zf) {
-    if (zf->pipe.early_dest == NULL) { zf_take_landing(zf); }
-    float* g = zf->landing.buf[zf->landing.current];
-    zf_grads_to_host(zf, g);
-    return g;
-}
-
 // 4.2 does zf_step(t) select? At t == W, then at a window's start once S steps have passed.
 static inline int zf_selects_at(const ZenFlow* zf, int t) {
     const ZfConfig* cfg = &zf->cfg;
@@ -460,46 +428,33 @@ static inline void zf_layout(ZenFlow* zf) {
     own->gpu_sel_elems = gpu;
 }
 
-// 4.2.4 migrate: every column's (m, v) moves to its new owner, none is reset or lost. The
-// old ownership is in old_order, old_n_sel, old_cpu_offset, old_gpu_offset; the GPU's old
-// moments in gpu_m_old, gpu_v_old. Writes m_new, v_new and gpu_m_new, gpu_v_new.
-static inline void zf_migrate(ZenFlow* zf, int i, const int* old_order, int old_n_sel, size_t old_cpu_offset,
-                              size_t old_gpu_offset) {
+// where a matrix's column of rank r in cols_by_owner keeps its (m, v): *on_gpu = 1, in the
+// GPU's packed moments (after the vectors'); else in the CPU's packed buffers
+static inline size_t zf_moments_at(const ZfMatrix* mat, int r, size_t vector_elems, int* on_gpu) {
+    *on_gpu = r < mat->n_sel;
+    if (*on_gpu) { return vector_elems + mat->gpu_offset + (size_t)r * mat->rows; }
+    return mat->cpu_offset + (size_t)(r - mat->n_sel) * mat->rows;
+}
+
+// 4.2.4 migrate matrix i: every column's (m, v) moves from where the old ownership `old` kept
+// it (the CPU's m, v or the GPU's gpu_m_old, gpu_v_old) to where the new one keeps it (m_new,
+// v_new or gpu_m_new, gpu_v_new); none is reset or lost
+static inline void zf_migrate(ZenFlow* zf, int i, const ZfMatrix* old) {
     ZfSelection* sel = &zf->sel;
-    ZfMatrix* mat = &zf->own.matrices[i];
-    const size_t R = (size_t)mat->rows, V = zf->own.vector_elems;
-    // old_m[j], old_v[j]: where column j's moments were, in the old CPU or GPU packed buffer
-    std::vector<const float*> old_m(mat->cols), old_v(mat->cols);
-    std::vector<char> was_gpu(mat->cols, 0);
-    for (int r = 0; r < mat->cols; r++) {
-        int j = old_order[r];
-        if (r < old_n_sel) {
-            size_t at = V + old_gpu_offset + (size_t)r * R;
-            old_m[j] = sel->gpu_m_old + at;
-            old_v[j] = sel->gpu_v_old + at;
-            was_gpu[j] = 1;
-        } else {
-            size_t at = old_cpu_offset + (size_t)(r - old_n_sel) * R;
-            old_m[j] = zf->cpu.m + at;
-            old_v[j] = zf->cpu.v + at;
-        }
-    }
+    const ZfMatrix* mat = &zf->own.matrices[i];
+    const size_t V = zf->own.vector_elems, bytes = (size_t)mat->rows * sizeof(float);
+    std::vector<int> old_rank(mat->cols);
+    for (int r = 0; r < mat->cols; r++) { old_rank[old->cols_by_owner[r]] = r; }
     // on all threads: one reaches a fraction of the memory bandwidth (GPT-2 1.5B: 12 GB)
     int moved = 0;
 #pragma omp parallel for schedule(static) reduction(+ : moved)
     for (int r = 0; r < mat->cols; r++) {
-        int j = mat->cols_by_owner[r];
-        float *dst_m, *dst_v;
-        if (r < mat->n_sel) {
-            dst_m = sel->gpu_m_new + V + mat->gpu_offset + (size_t)r * R;
-            dst_v = sel->gpu_v_new + V + mat->gpu_offset + (size_t)r * R;
-            moved += !was_gpu[j];
-        } else {
-            dst_m = sel->m_new + mat->cpu_offset + (size_t)(r - mat->n_sel) * R;
-            dst_v = sel->v_new + mat->cpu_offset + (size_t)(r - mat->n_sel) * R;
-        }
-        memcpy(dst_m, old_m[j], R * sizeof(float));
-        memcpy(dst_v, old_v[j], R * sizeof(float));
+        int from_gpu, to_gpu;
+        size_t from = zf_moments_at(old, old_rank[mat->cols_by_owner[r]], V, &from_gpu);
+        size_t to = zf_moments_at(mat, r, V, &to_gpu);
+        memcpy((to_gpu ? sel->gpu_m_new : sel->m_new) + to, (from_gpu ? sel->gpu_m_old : zf->cpu.m) + from, bytes);
+        memcpy((to_gpu ? sel->gpu_v_new : sel->v_new) + to, (from_gpu ? sel->gpu_v_old : zf->cpu.v) + from, bytes);
+        moved += to_gpu && !from_gpu;
     }
     sel->moved_columns += moved;
 }
@@ -514,15 +469,10 @@ static inline void zf_select(ZenFlow* zf, int t) {
     zf_drain(zf);
     // keep the old ownership; the GPU's moments of its old columns come to the host, unless
     // this is the very first selection without warm-up: no optimizer state exists yet
-    std::vector<std::vector<int>> old_order(own->num_matrices);
-    std::vector<int> old_n_sel(own->num_matrices);
-    std::vector<size_t> old_cpu_offset(own->num_matrices), old_gpu_offset(own->num_matrices);
-    for (int i = 0; i < own->num_matrices; i++) {
-        const ZfMatrix* mat = &own->matrices[i];
-        old_order[i].assign(mat->cols_by_owner, mat->cols_by_owner + mat->cols);
-        old_n_sel[i] = mat->n_sel;
-        old_cpu_offset[i] = mat->cpu_offset;
-        old_gpu_offset[i] = mat->gpu_offset;
+    std::vector<ZfMatrix> old(own->matrices, own->matrices + own->num_matrices);
+    std::vector<int> old_order(own->total_cols);
+    for (ZfMatrix& mat : old) {
+        mat.cols_by_owner = (int*)memcpy(&old_order[mat.first_col], mat.cols_by_owner, mat.cols * sizeof(int));
     }
     const int fresh = sel->count == 0 && zf->cfg.warmup == 0;
     if (!fresh) { be->moments_to_host(be->ctx, zf, sel->gpu_m_old, sel->gpu_v_old); }
@@ -549,9 +499,7 @@ static inline void zf_select(ZenFlow* zf, int t) {
     if (fresh) {
         for (int i = 0; i < own->num_matrices; i++) { sel->moved_columns += own->matrices[i].n_sel; }
     } else {
-        for (int i = 0; i < own->num_matrices; i++) {
-            zf_migrate(zf, i, old_order[i].data(), old_n_sel[i], old_cpu_offset[i], old_gpu_offset[i]);
-        }
+        for (int i = 0; i < own->num_matrices; i++) { zf_migrate(zf, i, &old[i]); }
         std::swap(zf->cpu.m, sel->m_new);
         std::swap(zf->cpu.v, sel->v_new);
         memcpy(sel->gpu_m_new, sel->gpu_m_old, own->vector_elems * sizeof(float));
@@ -582,7 +530,7 @@ static inline int zf_window_step(ZenFlow* zf, int t, int closes) {
     w->n++;
     w->closed = closes ? w->n : 0;
     if (closes) { w->n = 0; }
-    zf_auto_end_step(zf, t, w->closed);  // option: auto U
+    if (zf->cfg.update_interval == ZF_AUTO) { zf_auto_end_step(zf, t, w->closed); }  // option: auto U
     return w->closed;
 }
 
@@ -613,19 +561,13 @@ static inline void zf_submit_window(ZenFlow* zf, ZfTicket after, int n, int s, Z
     w->pending = 1;
 }
 
-// the CPU's part of step t runs in the background (overlap), or here and now: offload, the
-// warm-up's steps, -zv 0, and a CPU that owns nothing (adamw mode, k = 1)
-static inline int zf_in_background(const ZenFlow* zf, int t) {
-    return zf->cfg.overlap && !zf_in_warmup(zf, t) && zf->own.cpu_elems > 0;
-}
-
 // Spec 4: one ZenFlow step, once the backward pass of step t has produced g_t; hyper.lr is
 // lr(t). Before the forward pass of step t + 1 the working copy holds what it must show.
 static inline void zf_step(ZenFlow* zf, int t, ZfAdamHyper hyper) {
     const ZfBackend* be = &zf->backend;
     const int s = t + 1;
     zf_check_workers(zf);    // a failed CPU job stops training here, naming its thread
-    zf_warmup_start(zf, t);  // option: warm-up (4.1)
+    if (t == 0 && zf->cfg.warmup > 0) { zf_warmup_start(zf); }  // option: warm-up (4.1)
 
     // 4.2 selection: at t == W, then at a window's start once S steps have passed. The device
     // waits for it, a stall (spec 8).
@@ -640,10 +582,11 @@ static inline void zf_step(ZenFlow* zf, int t, ZfAdamHyper hyper) {
     // 4.3 the GPU updates its selected columns and the vectors, with g_t
     be->gpu_adam(be->ctx, zf, hyper, s);
 
-    // 4.4 accumulate: the accumulator thread adds g_t's CPU-owned columns into A (4.5 says
-    // first whether this step closes the window)
+    // Whether this step closes the window (4.5) is known before the CPU's part starts. That
+    // part runs in the background (overlap), or here and now: offload, the warm-up's steps,
+    // -zv 0, and a CPU that owns nothing (adamw mode, k = 1).
     const int closes = zf_closes_window(zf, t);
-    if (!zf_in_background(zf, t)) {  // option: offload, warm-up, -zv 0
+    if (!zf->cfg.overlap || zf_in_warmup(zf, t) || zf->own.cpu_elems == 0) {  // option: synchronous
         zf_step_synchronous(zf, t, closes, hyper);
         return;
     }
@@ -651,8 +594,10 @@ static inline void zf_step(ZenFlow* zf, int t, ZfAdamHyper hyper) {
         zf_step_gpu_sum(zf, t, closes, hyper);
         return;
     }
+    // 4.4 accumulate: the accumulator thread adds g_t's CPU-owned columns into A
     ZfLanding* l = &zf->landing;
-    float* g = zf_land_grads(zf);
+    float* g = l->buf[l->current];
+    zf_grads_to_host(zf, g);  // (what has not left layer by layer)
     ZfAccumulateJob* job = &l->jobs[l->current];
     *job = ZfAccumulateJob{zf, g, zf->win.acc, zf->own.cpu_elems, zf->win.n == 0};
     zf_run_job(zf, zf->cpu.accumulator, zf_accumulate, job, &l->reader[l->current], s);
@@ -735,8 +680,7 @@ static inline void zf_drain(ZenFlow* zf) {
 // synchronous offload (windows of one step); the model's parameters become the CPU master.
 // The first selection follows at t = W.
 
-static inline void zf_warmup_start(ZenFlow* zf, int t) {
-    if (t != 0 || zf->cfg.warmup == 0) { return; }
+static inline void zf_warmup_start(ZenFlow* zf) {
     zf_host_blocks(zf, 1);
     for (int i = 0; i < zf->own.num_matrices; i++) { zf->own.matrices[i].n_sel = 0; }
     zf_layout(zf);
@@ -767,7 +711,8 @@ static inline void zf_step_synchronous(ZenFlow* zf, int t, int closes, ZfAdamHyp
     const int s = t + 1, on_cpu = zf->cfg.accumulate == ZF_ACCUMULATE_CPU;
     const float* sum = w->acc;  // A
     if (on_cpu && zf->own.cpu_elems > 0) {
-        const float* g = zf_land_grads(zf);
+        float* g = zf->landing.buf[zf->landing.current];
+        zf_grads_to_host(zf, g);
         if (closes && w->n == 0) {
             // a window of one step (offload, warm-up): A = 0 + g_t is g_t itself (a gradient is a
             // sum that starts from +0, so it is never -0, the one value 0 + g would change)
@@ -834,8 +779,6 @@ static inline void zf_step_gpu_sum(ZenFlow* zf, int t, int closes, ZfAdamHyper h
 // later (they were ready long ago) zf_auto_closes reads them: the window closes at the next
 // step once 99% of the matrices have u >= the window's mean c, or after U_max steps.
 
-static inline int zf_auto_u(const ZenFlow* zf, int t) { return zf->cfg.update_interval == ZF_AUTO && !zf_in_warmup(zf, t); }
-
 // sum of |x[i]| over n floats, in double: fixed chunks summed in order, so the result does
 // not depend on how many threads there are (an OpenMP reduction's would)
 static inline double zf_abs_sum(const float* x, size_t n) {
@@ -870,7 +813,7 @@ static int zf_auto_sum_job(void* arg) {
 // sums start (with accumulation on the CPU, after the step's accumulation, on its thread)
 static inline void zf_auto_end_step(ZenFlow* zf, int t, int closed) {
     ZfAutoU* a = &zf->autou;
-    if (!zf_auto_u(zf, t)) { return; }
+    if (zf_in_warmup(zf, t)) { return; }
     if (closed > 0) {
         a->close_next = 0;
         memset(a->c_sum, 0, zf->own.num_matrices * sizeof(double));
@@ -1286,6 +1229,26 @@ static inline void zf_load_state(void* ctx, FILE* fp, const char* path) {
 static inline void zf_host_blocks(ZenFlow* zf, int begin) {
     int outermost = begin ? zf->stats.host_block_depth++ == 0 : --zf->stats.host_block_depth == 0;
     if (outermost && zf->backend.host_blocks != NULL) { zf->backend.host_blocks(zf->backend.ctx, begin); }
+}
+
+// The main thread blocks on the CPU side, and the device runs dry meanwhile: spec 8 counts it
+// as stall (zf_host_blocks tells the backend), and the timeline shows it on the waits row
+static inline double zf_stall_begin(ZenFlow* zf) {
+    zf_host_blocks(zf, 1);
+    return now_ms();
+}
+
+static inline void zf_stall_end(ZenFlow* zf, double t0, const char* what) {
+    zf_host_blocks(zf, 0);
+    trace_event(TRACE_WAIT, what, t0, now_ms());
+}
+
+// CPU optimizer work, added up by both threads (atomically), and on the timeline
+static inline double zf_cpu_work_done(ZenFlow* zf, TraceTrack track, const char* what, double t0) {
+    double t1 = now_ms();
+    __atomic_add_fetch(&zf->stats.cpu_work_us, (long long)((t1 - t0) * 1e3), __ATOMIC_RELAXED);
+    trace_event(track, what, t0, t1);
+    return t1 - t0;
 }
 
 // all CPU optimizer work so far, in ms (a trainer reports its growth per step)

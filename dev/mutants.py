@@ -112,7 +112,9 @@ MUTANTS = [
      "4.4 A is never restarted from 0 at a window's first step", ["cpu"]),
     ("C5", "zenflow.h", "t - zf->sel.last_step >= cfg->select_interval",
      "t - zf->sel.last_step > cfg->select_interval", "4.2 reselection one step late", ["cpu"]),
-    ("C6", "zenflow.h", "memcpy(dst_m, old_m[j], R * sizeof(float));", "memset(dst_m, 0, R * sizeof(float));",
+    ("C6", "zenflow.h", "memcpy((to_gpu ? sel->gpu_m_new : sel->m_new) + to, (from_gpu ? sel->gpu_m_old : zf->cpu.m) + from, bytes);",
+     "if (to_gpu != from_gpu) { memset((to_gpu ? sel->gpu_m_new : sel->m_new) + to, 0, bytes); } else { "
+     "memcpy((to_gpu ? sel->gpu_m_new : sel->m_new) + to, (from_gpu ? sel->gpu_m_old : zf->cpu.m) + from, bytes); }",
      "4.2.4 a column's first moment is reset when it changes owner", ["cpu"]),
     ("C7", "zenflow.h", "floor(0.99 * zf->own.num_matrices)", "floor(0.5 * zf->own.num_matrices)",
      "6 auto U closes when half the matrices are ready instead of 99%", ["cpu"]),
