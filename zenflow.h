@@ -238,7 +238,7 @@ typedef struct {  // measurement and reporting
     double cpu_update_ms;    // duration of the last finished window update ...
     long cpu_updates, cpu_updates_shown;  // ... how many have finished, and been reported
     long long cpu_work_us;   // all CPU optimizer work so far; both threads add (atomically)
-    int host_block_depth;    // zf_host_blocks' nesting (a selection drains the CPU side)
+    int stall_depth;         // zf_stall_begin's nesting (a selection drains the CPU side)
     int failed_step;         // the step whose accumulation a fault injection failed
     FILE* selection_log;     // cfg.selection_log, open
     double host_need_mib, host_available_mib;  // the host-memory check at init ...
@@ -273,7 +273,6 @@ static inline int zf_auto_closes(ZenFlow* zf, int n);
 static inline void zf_auto_end_step(ZenFlow* zf, int t, int closed);
 static inline void zf_log_selection(ZenFlow* zf, int t, int index, const float* scores);
 // the measurement: a wait of the main thread is a stall (spec 8); the CPU's work, timed
-static inline void zf_host_blocks(ZenFlow* zf, int begin);
 static inline double zf_stall_begin(ZenFlow* zf);
 static inline void zf_stall_end(ZenFlow* zf, double t0, const char* what);
 static inline double zf_cpu_work_done(ZenFlow* zf, TraceTrack track, const char* what, double t0);
@@ -681,13 +680,13 @@ static inline void zf_drain(ZenFlow* zf) {
 // The first selection follows at t = W.
 
 static inline void zf_warmup_start(ZenFlow* zf) {
-    zf_host_blocks(zf, 1);
+    double t0 = zf_stall_begin(zf);
     for (int i = 0; i < zf->own.num_matrices; i++) { zf->own.matrices[i].n_sel = 0; }
     zf_layout(zf);
     zf->backend.selection_changed(zf->backend.ctx, zf);
     zf_host_wait(zf, zf->cpu.master);
     zf->backend.params_to_host(zf->backend.ctx, zf, zf->cpu.master);
-    zf_host_blocks(zf, 0);
+    zf_stall_end(zf, t0, "warm-up: parameters to the host");
 }
 
 // ----------------------------------------------------------------------------
@@ -1224,22 +1223,16 @@ static inline void zf_load_state(void* ctx, FILE* fp, const char* path) {
 // ----------------------------------------------------------------------------
 // measurement and reporting
 
-// The main thread starts (begin = 1) or stops blocking the device: the backend times the
-// outermost interval only, since a selection, which blocks as a whole, drains the CPU side
-static inline void zf_host_blocks(ZenFlow* zf, int begin) {
-    int outermost = begin ? zf->stats.host_block_depth++ == 0 : --zf->stats.host_block_depth == 0;
-    if (outermost && zf->backend.host_blocks != NULL) { zf->backend.host_blocks(zf->backend.ctx, begin); }
-}
-
 // The main thread blocks on the CPU side, and the device runs dry meanwhile: spec 8 counts it
-// as stall (zf_host_blocks tells the backend), and the timeline shows it on the waits row
+// as stall, and the timeline shows it on the waits row. The backend times the outermost
+// interval only, since a selection, which blocks as a whole, drains the CPU side.
 static inline double zf_stall_begin(ZenFlow* zf) {
-    zf_host_blocks(zf, 1);
+    if (zf->stats.stall_depth++ == 0 && zf->backend.host_blocks != NULL) { zf->backend.host_blocks(zf->backend.ctx, 1); }
     return now_ms();
 }
 
 static inline void zf_stall_end(ZenFlow* zf, double t0, const char* what) {
-    zf_host_blocks(zf, 0);
+    if (--zf->stats.stall_depth == 0 && zf->backend.host_blocks != NULL) { zf->backend.host_blocks(zf->backend.ctx, 0); }
     trace_event(TRACE_WAIT, what, t0, now_ms());
 }
 

@@ -250,8 +250,8 @@ MUTANTS = [
      "        double t0 = now_ms();\n        zf_select(zf, t);\n        zf->stats.select_ms = now_ms() - t0;\n"
      "        trace_event(TRACE_WAIT, \"select + migrate\", t0, now_ms());",
      "spec 8: the stall leaves out a selection (the GPU waits while the host selects and migrates)", ["pcie"]),
-    ("M3", "zenflow.h", "int outermost = begin ? zf->stats.host_block_depth++ == 0 : --zf->stats.host_block_depth == 0;",
-     "int outermost = 1;",
+    ("M3", "zenflow.h", "if (--zf->stats.stall_depth == 0 && zf->backend.host_blocks != NULL)",
+     "if ((zf->stats.stall_depth = 0) == 0 && zf->backend.host_blocks != NULL)",
      "the stall's intervals do not nest: the drain inside a selection ends the selection's interval", ["pcie"]),
     ("Q1", "dev/test/test_common.h", "int near = a.cols.size() == n && sa.size() == n && sa != sr && r.scores.size() > 0;",
      "int near = a.cols.size() == n && r.scores.size() > 0;",
