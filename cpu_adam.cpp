@@ -277,6 +277,12 @@ int zf_worker_error(ZfWorker* u) {
     return u->error;
 }
 
+int zf_worker_finished(ZfWorker* u, long ticket) {
+    if (ticket < 0) { return 1; }
+    std::lock_guard<std::mutex> lk(u->mu);
+    return ticket < u->finished;
+}
+
 int zf_worker_drain(ZfWorker* u) {
     std::unique_lock<std::mutex> lk(u->mu);
     u->done.wait(lk, [u] { return u->finished == u->submitted; });

@@ -91,6 +91,10 @@ int zf_worker_error(ZfWorker* u);
 // Block until every submitted job has finished. Returns 0 or the first error.
 int zf_worker_drain(ZfWorker* u);
 
+// Without blocking: 1 if the job with this ticket has finished or been skipped (a negative
+// ticket: 1), else 0. What zf_worker_wait would do now without waiting.
+int zf_worker_finished(ZfWorker* u, long ticket);
+
 // Drain (pending jobs still run), stop and join the thread, free. Returns 0 or the first
 // error, so an error is reported even if nobody waited after it. u may be NULL.
 int zf_worker_destroy(ZfWorker* u);

@@ -334,8 +334,22 @@ static inline void zf_wait_job(ZenFlow* zf, ZfTicket job) {
     if (status != 0) { zf_check_workers(zf); }
 }
 
+static inline int zf_job_finished(ZfTicket job) {
+    return job.ticket < 0 || zf_worker_finished(job.thread, job.ticket);
+}
+
 // ----------------------------------------------------------------------------
 // before the backward pass of step t (spec 7), which ADDS into the gradient buffer
+
+// Takes the next landing buffer for this step's gradient columns; the job that read it last
+// (with overlap: two steps ago) must be done.
+static inline void zf_take_landing(ZenFlow* zf) {
+    ZfLanding* l = &zf->landing;
+    l->current = l->next;
+    l->next = (l->next + 1) % l->count;
+    zf_wait_job(zf, l->reader[l->current]);
+    l->reader[l->current] = zf_no_job;
+}
 
 // May this step's gradient columns leave layer by layer (the per-layer pipelining)? Only when
 // the ownership is known already: not at t = 0, not at a selection.
@@ -344,25 +358,19 @@ static inline int zf_layers_may_leave(const ZenFlow* zf, int t) {
     return zf->cfg.pipeline && t > 0 && !zf_selects_at(zf, t) && zf->own.cpu_elems > 0;
 }
 
-// Zeroes the gradient buffer and takes the next landing buffer for this step's gradient
-// columns: the job that read it last (with overlap: the accumulation of two steps ago) is
-// long done, or the wait is a stall. The layers' columns may leave into it during the backward.
+// Zeroes the gradient buffer and says where the layers' gradient columns go: the next landing
+// buffer, if it is free without waiting (waiting here would hold back the backward's launch).
 static inline void zf_before_backward(ZenFlow* zf, int t) {
     if (zf->cfg.accumulate == ZF_ACCUMULATE_GPU) {  // option: -za gpu
         zf_gpu_sum_before_backward(zf, t);
         return;
     }
-    ZfLanding* l = &zf->landing;
     zf->backend.zero_grads(zf->backend.ctx, zf, 1);
-    l->current = l->next;
-    l->next = (l->next + 1) % l->count;
-    zf_wait_job(zf, l->reader[l->current]);
-    l->reader[l->current] = zf_no_job;
     zf->pipe.early_dest = NULL;
-    if (zf_layers_may_leave(zf, t)) {
-        zf->pipe.early_dest = l->buf[l->current];
-        zf->pipe.next_group = zf->own.num_groups - 1;
-    }
+    if (!zf_layers_may_leave(zf, t) || !zf_job_finished(zf->landing.reader[zf->landing.next])) { return; }
+    zf_take_landing(zf);  // does not block: its job is done
+    zf->pipe.early_dest = zf->landing.buf[zf->landing.current];
+    zf->pipe.next_group = zf->own.num_groups - 1;
 }
 
 // ----------------------------------------------------------------------------
@@ -398,6 +406,14 @@ static inline void zf_grads_to_host(ZenFlow* zf, float* host) {
     if (host != zf->pipe.early_dest) { fatal("zenflow.h: the layers' gradients went to another buffer (a bug)"); }
     zf_groups_leave(zf, host, 0);
     zf->pipe.early_dest = NULL;
+}
+
+// 4.4: g_t's CPU-owned columns land on the host (those that have not already); returns where
+static inline float* zf_land_grads(ZenFlow* zf) {
+    if (zf->pipe.early_dest == NULL) { zf_take_landing(zf); }
+    float* g = zf->landing.buf[zf->landing.current];
+    zf_grads_to_host(zf, g);
+    return g;
 }
 
 // 4.2 does zf_step(t) select? At t == W, then at a window's start once S steps have passed.
@@ -471,7 +487,8 @@ static inline void zf_select(ZenFlow* zf, int t) {
     std::vector<ZfMatrix> old(own->matrices, own->matrices + own->num_matrices);
     std::vector<int> old_order(own->total_cols);
     for (ZfMatrix& mat : old) {
-        mat.cols_by_owner = (int*)memcpy(&old_order[mat.first_col], mat.cols_by_owner, mat.cols * sizeof(int));
+        memcpy(&old_order[mat.first_col], mat.cols_by_owner, mat.cols * sizeof(int));
+        mat.cols_by_owner = &old_order[mat.first_col];
     }
     const int fresh = sel->count == 0 && zf->cfg.warmup == 0;
     if (!fresh) { be->moments_to_host(be->ctx, zf, sel->gpu_m_old, sel->gpu_v_old); }
@@ -595,8 +612,7 @@ static inline void zf_step(ZenFlow* zf, int t, ZfAdamHyper hyper) {
     }
     // 4.4 accumulate: the accumulator thread adds g_t's CPU-owned columns into A
     ZfLanding* l = &zf->landing;
-    float* g = l->buf[l->current];
-    zf_grads_to_host(zf, g);  // (what has not left layer by layer)
+    float* g = zf_land_grads(zf);
     ZfAccumulateJob* job = &l->jobs[l->current];
     *job = ZfAccumulateJob{zf, g, zf->win.acc, zf->own.cpu_elems, zf->win.n == 0};
     zf_run_job(zf, zf->cpu.accumulator, zf_accumulate, job, &l->reader[l->current], s);
@@ -710,8 +726,7 @@ static inline void zf_step_synchronous(ZenFlow* zf, int t, int closes, ZfAdamHyp
     const int s = t + 1, on_cpu = zf->cfg.accumulate == ZF_ACCUMULATE_CPU;
     const float* sum = w->acc;  // A
     if (on_cpu && zf->own.cpu_elems > 0) {
-        float* g = zf->landing.buf[zf->landing.current];
-        zf_grads_to_host(zf, g);
+        const float* g = zf_land_grads(zf);
         if (closes && w->n == 0) {
             // a window of one step (offload, warm-up): A = 0 + g_t is g_t itself (a gradient is a
             // sum that starts from +0, so it is never -0, the one value 0 + g would change)
