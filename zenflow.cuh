@@ -211,16 +211,6 @@ __device__ inline ZfTile zf_tile_of_block(ZfGrid g, long long b) {
     return t;
 }
 
-// zeroes every element of a grid's sets in the gradient buffer
-__global__ void zf_zero_columns_kernel(float* __restrict__ grads,  // (num_parameters)
-                                       ZfGrid sets) {
-    ZfChunk chunk = zf_chunk_of_block(sets);
-    for (int j = threadIdx.x; j < ZF_CHUNK; j += ZF_THREADS) {
-        size_t at, k;
-        if (zf_chunk_element(chunk, j, &at, &k)) { grads[at] = 0.0f; }
-    }
-}
-
 // one thread per element of a grid's sets: the selected columns (m, v: after the vectors'
 // moments), or the vectors (m, v: their moments, at the start); llmc/adamw.h's formula
 __global__ void zf_adam_columns_kernel(float* __restrict__ params,       // (num_parameters)
@@ -286,24 +276,17 @@ __global__ void zf_scatter_columns_kernel(float* __restrict__ full,          // 
 // ============================================================================
 
 // ----------------------------------------------------------------------------
-// before the backward pass (spec 7): zero the gradients, or with -za gpu inside a window
-// only the GPU-owned ones (the vectors, then the selected columns: one launch each)
+// before the backward pass (spec 7): zero the gradients
 
-// zero the gradients of a grid's sets (blocks: the grid's chunks)
-static void zf_cuda_zero_columns(ZfCudaDevice* dev, ZfGrid grid, long long blocks) {
-    if (blocks == 0) { return; }
-    zf_zero_columns_kernel<<<(unsigned)blocks, ZF_THREADS>>>(dev->grads, grid);
-    cudaCheck(cudaGetLastError());
-}
+static void zf_cuda_zero_gpu_owned(ZfCudaDevice* dev, const ZenFlow* zf);
 
 static void zf_cuda_zero_grads(void* ctx, const ZenFlow* zf, int all) {
     ZfCudaDevice* dev = (ZfCudaDevice*)ctx;
-    if (all) {
-        cudaCheck(cudaMemsetAsync(dev->grads, 0, dev->num_parameters * sizeof(float), 0));
+    if (!all) {  // option: -za gpu inside a window, only the GPU-owned ones
+        zf_cuda_zero_gpu_owned(dev, zf);
         return;
     }
-    zf_cuda_zero_columns(dev, dev->vector_grid, dev->vectors.h_blocks[zf->own.num_vectors]);
-    zf_cuda_zero_columns(dev, dev->gpu_grid, dev->gpu.h_blocks[dev->num_sets]);
+    cudaCheck(cudaMemsetAsync(dev->grads, 0, dev->num_parameters * sizeof(float), 0));
 }
 
 // ----------------------------------------------------------------------------
@@ -608,6 +591,32 @@ static void zf_cuda_params_to_host(void* ctx, const ZenFlow* zf, float* host) {
 // ============================================================================
 // The options
 // ============================================================================
+
+// ----------------------------------------------------------------------------
+// -za gpu: inside a window the gradient buffer keeps A in the CPU-owned columns, so before
+// each backward only the GPU-owned ones are zeroed: the vectors, then the selected columns
+
+// zeroes every element of a grid's sets in the gradient buffer
+__global__ void zf_zero_columns_kernel(float* __restrict__ grads,  // (num_parameters)
+                                       ZfGrid sets) {
+    ZfChunk chunk = zf_chunk_of_block(sets);
+    for (int j = threadIdx.x; j < ZF_CHUNK; j += ZF_THREADS) {
+        size_t at, k;
+        if (zf_chunk_element(chunk, j, &at, &k)) { grads[at] = 0.0f; }
+    }
+}
+
+// zero the gradients of a grid's sets (blocks: the grid's chunks)
+static void zf_cuda_zero_columns(ZfCudaDevice* dev, ZfGrid grid, long long blocks) {
+    if (blocks == 0) { return; }
+    zf_zero_columns_kernel<<<(unsigned)blocks, ZF_THREADS>>>(dev->grads, grid);
+    cudaCheck(cudaGetLastError());
+}
+
+static void zf_cuda_zero_gpu_owned(ZfCudaDevice* dev, const ZenFlow* zf) {
+    zf_cuda_zero_columns(dev, dev->vector_grid, dev->vectors.h_blocks[zf->own.num_vectors]);
+    zf_cuda_zero_columns(dev, dev->gpu_grid, dev->gpu.h_blocks[dev->num_sets]);
+}
 
 // ----------------------------------------------------------------------------
 // auto U (spec 6): per matrix the sum of |g| over its GPU-owned elements (and, if cpu is not

@@ -116,6 +116,8 @@ typedef struct {
     void (*params_prefetch)(void* ctx, const struct ZenFlow* zf, const float* host);
     // optional: block until no copy into or out of this host buffer is in flight any more
     void (*host_wait)(void* ctx, const float* host);
+    // optional: the main thread blocks from begin = 1 to begin = 0, a stall (spec 8)
+    void (*host_blocks)(void* ctx, int begin);
     // a selection (4.2): every matrix's column scores (sum over rows of g^2) into
     // scores[first_col ..]; the new ownership; the GPU's moments to and from zenflow.h's packed
     // layout (vectors, then each matrix's selected columns); the CPU-owned parameter columns down
@@ -125,11 +127,10 @@ typedef struct {
     void (*moments_from_host)(void* ctx, const struct ZenFlow* zf, const float* m, const float* v);
     void (*params_to_host)(void* ctx, const struct ZenFlow* zf, float* host);
     // the options: auto U's sums of |g| per matrix (spec 6; asynchronous where abs_sums_wait is
-    // set), resuming -za gpu's open window, and (optional) the stall measurement (spec 8)
+    // set), resuming -za gpu's open window
     void (*abs_sums)(void* ctx, const struct ZenFlow* zf, double* sel, double* cpu);
     void (*abs_sums_wait)(void* ctx, const struct ZenFlow* zf);
     void (*grads_from_host)(void* ctx, const struct ZenFlow* zf, const float* host);
-    void (*host_blocks)(void* ctx, int begin);
     int host_moment_copies;  // host buffers of all GPU moments the backend keeps in zenflow mode
 } ZfBackend;
 
@@ -161,12 +162,6 @@ typedef struct {
     ZfTicket after;    // the window's last accumulation, which the update waits for first
     double ms;         // out: how long the update took (without waiting for copies)
 } ZfWindowJob;
-
-// auto U's sum of |A| per matrix, on the accumulator thread after the step's accumulation
-typedef struct {
-    struct ZenFlow* zf;
-    const float* acc;
-} ZfAbsSumJob;
 
 typedef struct {  // ownership (spec 1, 3)
     int num_matrices;
@@ -222,6 +217,12 @@ typedef struct {  // per-layer pipelining (spec 7)
     int next_apply_group;    // ... from this group on
     long groups_out, groups_in;  // transfer groups moved layer by layer so far
 } ZfPipeline;
+
+// auto U's sum of |A| per matrix, on the accumulator thread after the step's accumulation
+typedef struct {
+    struct ZenFlow* zf;
+    const float* acc;
+} ZfAbsSumJob;
 
 typedef struct {  // auto U (spec 6): the evaluation at the end of step t decides whether t + 1 closes
     double* c_sum;           // (num_matrices) sum of c over the open window's evaluated steps
@@ -286,7 +287,7 @@ static inline void zf_host_wait(ZenFlow* zf, const float* host) {
 
 static int zf_accumulate(void* arg);
 static int zf_window_update(void* arg);
-static int zf_failing_job(void*) { return 7; }
+static inline ZfJobFn zf_fault_injection(ZenFlow* zf, ZfJobFn fn, int s);
 
 // A failed job stops training with one line naming its thread. Called every step (inside a
 // window the main thread may not wait for the updater at all) and after a wait that failed.
@@ -303,16 +304,10 @@ static inline void zf_check_workers(ZenFlow* zf) {
     }
 }
 
-// Runs a job of step s on a worker thread (*ticket = its ticket) or, thread NULL, here and now.
-// Fault injection for dev/test/test_failures.py: ZF_FAIL_AT_STEP=s fails the window update of
-// step s, ZF_FAIL_ACCUMULATE_AT_STEP=s its accumulation.
+// Runs a job of step s on a worker thread (*ticket = its ticket) or, thread NULL, here and now
 static inline void zf_run_job(ZenFlow* zf, ZfWorker* thread, ZfJobFn fn, void* arg, ZfTicket* ticket, int s) {
-    const int update = fn == zf_window_update, accumulation = fn == zf_accumulate;
-    if ((update && debug_fail_at("ZF_FAIL_AT_STEP", s)) ||
-        (accumulation && debug_fail_at("ZF_FAIL_ACCUMULATE_AT_STEP", s))) {
-        fn = zf_failing_job;
-        zf->stats.failed_step = s;
-    }
+    const char* what = fn == zf_accumulate ? "accumulation" : "update";
+    fn = zf_fault_injection(zf, fn, s);  // test hook (dev/test/test_failures.py): fn, or a job that fails
     if (thread != NULL) {
         *ticket = ZfTicket{thread, zf_worker_submit(thread, fn, arg)};
         return;
@@ -321,7 +316,7 @@ static inline void zf_run_job(ZenFlow* zf, ZfWorker* thread, ZfJobFn fn, void* a
     int status = fn(arg);
     zf_stall_end(zf, t0, "wait for CPU (synchronous)");
     if (status != 0) {
-        fatal("step %d: the CPU %s failed with code %d", s, accumulation ? "accumulation" : "update", status);
+        fatal("step %d: the CPU %s failed with code %d", s, what, status);
     }
 }
 
@@ -332,10 +327,6 @@ static inline void zf_wait_job(ZenFlow* zf, ZfTicket job) {
     int status = zf_worker_wait(job.thread, job.ticket);
     zf_stall_end(zf, t0, "wait for CPU");
     if (status != 0) { zf_check_workers(zf); }
-}
-
-static inline int zf_job_finished(ZfTicket job) {
-    return job.ticket < 0 || zf_worker_finished(job.thread, job.ticket);
 }
 
 // ----------------------------------------------------------------------------
@@ -351,9 +342,17 @@ static inline void zf_take_landing(ZenFlow* zf) {
     l->reader[l->current] = zf_no_job;
 }
 
+// 4.2 does zf_step(t) select? At t == W, then at a window's start once S steps have passed.
+static inline int zf_selects_at(const ZenFlow* zf, int t) {
+    const ZfConfig* cfg = &zf->cfg;
+    if (t < cfg->warmup) { return 0; }
+    int first = zf->sel.last_step < 0;
+    int due = cfg->select_interval > 0 && zf->win.n == 0 && t - zf->sel.last_step >= cfg->select_interval;
+    return first || due;
+}
+
 // May this step's gradient columns leave layer by layer (the per-layer pipelining)? Only when
 // the ownership is known already: not at t = 0, not at a selection.
-static inline int zf_selects_at(const ZenFlow* zf, int t);
 static inline int zf_layers_may_leave(const ZenFlow* zf, int t) {
     return zf->cfg.pipeline && t > 0 && !zf_selects_at(zf, t) && zf->own.cpu_elems > 0;
 }
@@ -367,7 +366,8 @@ static inline void zf_before_backward(ZenFlow* zf, int t) {
     }
     zf->backend.zero_grads(zf->backend.ctx, zf, 1);
     zf->pipe.early_dest = NULL;
-    if (!zf_layers_may_leave(zf, t) || !zf_job_finished(zf->landing.reader[zf->landing.next])) { return; }
+    const ZfTicket reader = zf->landing.reader[zf->landing.next];
+    if (!zf_layers_may_leave(zf, t) || !zf_worker_finished(reader.thread, reader.ticket)) { return; }
     zf_take_landing(zf);  // does not block: its job is done
     zf->pipe.early_dest = zf->landing.buf[zf->landing.current];
     zf->pipe.next_group = zf->own.num_groups - 1;
@@ -376,22 +376,17 @@ static inline void zf_before_backward(ZenFlow* zf, int t) {
 // ----------------------------------------------------------------------------
 // during the backward pass: a layer's gradient is final once its backward is done
 
-// transfer groups next_group down to `last` leave for `host`
-static inline void zf_groups_leave(ZenFlow* zf, float* host, int last) {
-    for (; zf->pipe.next_group >= last; zf->pipe.next_group--) {
-        zf->backend.grads_to_host(zf->backend.ctx, zf, host, zf->pipe.next_group);
-        zf->pipe.groups_out++;
-    }
-}
-
-// Hook: the trainer calls this after each layer's backward (l = L - 1 down to 0)
+// Hook: the trainer calls this after each layer's backward (l = L - 1 down to 0): the layer's
+// transfer group, 1 + l, leaves
 static inline void zf_backward_layer_done(ZenFlow* zf, int l) {
-    if (zf->pipe.early_dest == NULL) { return; }
-    if (1 + l != zf->pipe.next_group) {
+    ZfPipeline* p = &zf->pipe;
+    if (p->early_dest == NULL) { return; }
+    if (1 + l != p->next_group) {
         fatal("zf_backward_layer_done(%d): expected layer %d (the layers' backward runs from the last one down)",
-              l, zf->pipe.next_group - 1);
+              l, p->next_group - 1);
     }
-    zf_groups_leave(zf, zf->pipe.early_dest, 1 + l);
+    zf->backend.grads_to_host(zf->backend.ctx, zf, p->early_dest, p->next_group--);
+    p->groups_out++;
 }
 
 // ----------------------------------------------------------------------------
@@ -403,8 +398,10 @@ static inline void zf_grads_to_host(ZenFlow* zf, float* host) {
         zf->backend.grads_to_host(zf->backend.ctx, zf, host, -1);
         return;
     }
-    if (host != zf->pipe.early_dest) { fatal("zenflow.h: the layers' gradients went to another buffer (a bug)"); }
-    zf_groups_leave(zf, host, 0);
+    // the groups still on the device: the embeddings' (group 0), whose gradient is final last
+    for (ZfPipeline* p = &zf->pipe; p->next_group >= 0; p->next_group--, p->groups_out++) {
+        zf->backend.grads_to_host(zf->backend.ctx, zf, host, p->next_group);
+    }
     zf->pipe.early_dest = NULL;
 }
 
@@ -414,15 +411,6 @@ static inline float* zf_land_grads(ZenFlow* zf) {
     float* g = zf->landing.buf[zf->landing.current];
     zf_grads_to_host(zf, g);
     return g;
-}
-
-// 4.2 does zf_step(t) select? At t == W, then at a window's start once S steps have passed.
-static inline int zf_selects_at(const ZenFlow* zf, int t) {
-    const ZfConfig* cfg = &zf->cfg;
-    if (t < cfg->warmup) { return 0; }
-    int first = zf->sel.last_step < 0;
-    int due = cfg->select_interval > 0 && zf->win.n == 0 && t - zf->sel.last_step >= cfg->select_interval;
-    return first || due;
 }
 
 static inline void zf_drain(ZenFlow* zf);
@@ -867,6 +855,21 @@ static inline int zf_auto_closes(ZenFlow* zf, int n) {
     int needed = (int)floor(0.99 * zf->own.num_matrices);
     a->close_next = ready >= (needed > 1 ? needed : 1);
     return a->close_next || n >= zf->cfg.max_update_interval;
+}
+
+// ----------------------------------------------------------------------------
+// fault injection for dev/test/test_failures.py: ZF_FAIL_AT_STEP=s fails the window update of
+// step s, ZF_FAIL_ACCUMULATE_AT_STEP=s its accumulation (the job becomes one that fails)
+
+static int zf_failing_job(void*) { return 7; }
+
+static inline ZfJobFn zf_fault_injection(ZenFlow* zf, ZfJobFn fn, int s) {
+    if ((fn == zf_window_update && debug_fail_at("ZF_FAIL_AT_STEP", s)) ||
+        (fn == zf_accumulate && debug_fail_at("ZF_FAIL_ACCUMULATE_AT_STEP", s))) {
+        zf->stats.failed_step = s;
+        return zf_failing_job;
+    }
+    return fn;
 }
 
 // ============================================================================
