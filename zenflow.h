@@ -385,7 +385,8 @@ static inline void zf_backward_layer_done(ZenFlow* zf, int l) {
         fatal("zf_backward_layer_done(%d): expected layer %d (the layers' backward runs from the last one down)",
               l, p->next_group - 1);
     }
-    zf->backend.grads_to_host(zf->backend.ctx, zf, p->early_dest, p->next_group--);
+    zf->backend.grads_to_host(zf->backend.ctx, zf, p->early_dest, 1 + l);
+    p->next_group--;
     p->groups_out++;
 }
 
@@ -398,11 +399,13 @@ static inline void zf_grads_to_host(ZenFlow* zf, float* host) {
         zf->backend.grads_to_host(zf->backend.ctx, zf, host, -1);
         return;
     }
-    // the groups still on the device: the embeddings' (group 0), whose gradient is final last
-    for (ZfPipeline* p = &zf->pipe; p->next_group >= 0; p->next_group--, p->groups_out++) {
+    // what has not left during the backward: the embeddings' group 0, whose gradient is final last
+    ZfPipeline* p = &zf->pipe;
+    for (; p->next_group >= 0; p->next_group--) {
         zf->backend.grads_to_host(zf->backend.ctx, zf, host, p->next_group);
+        p->groups_out++;
     }
-    zf->pipe.early_dest = NULL;
+    p->early_dest = NULL;
 }
 
 // 4.4: g_t's CPU-owned columns land on the host (those that have not already); returns where
