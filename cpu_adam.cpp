@@ -16,6 +16,7 @@
 
 #include "llmc/adamw.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
@@ -54,77 +55,54 @@ static inline void zf_adam8(const ZfAdamVec* c, __m256 g, __m256* p, __m256* m, 
     *v = vi;
 }
 
-// 8 gradients from g, or 8 window means acc / count (a true division).
-static inline __m256 zf_load_grad8(const float* g, const float* acc, __m256 count, size_t i) {
-    return acc ? _mm256_div_ps(_mm256_loadu_ps(acc + i), count) : _mm256_loadu_ps(g + i);
-}
 #endif
 
-// Elements [lo, hi) of one AdamW step. If acc != NULL the gradient is acc[i] / count
-// (the window mean), else g[i].
-static void zf_adam_range(float* p, float* m, float* v, const float* g, const float* acc,
-                          float count, size_t lo, size_t hi, const AdamWConsts* c) {
-    size_t i = lo;
-#ifdef __AVX__
-    const ZfAdamVec cv = {_mm256_set1_ps(c->b1), _mm256_set1_ps(c->b2), _mm256_set1_ps(c->omb1),
-                          _mm256_set1_ps(c->omb2), _mm256_set1_ps(c->bc1), _mm256_set1_ps(c->bc2),
-                          _mm256_set1_ps(c->eps), _mm256_set1_ps(c->lr), _mm256_set1_ps(c->wd)};
-    const __m256 cnt = _mm256_set1_ps(count);
-    // 16 floats (one 64-byte line of each array) per iteration, all loads before any store.
-    // Why: on AMD Zen, when p, m, v, g sit at addresses that collide in the L1 way
-    // predictor (e.g. separate allocations whose sizes are multiples of a large power of
-    // two), lines of different arrays evict each other; touching each line once for load
-    // and once for store instead of twice each measured 1.6x faster there, equal elsewhere.
-    for (; i + 16 <= hi; i += 16) {
-        __m256 g0 = zf_load_grad8(g, acc, cnt, i), g1 = zf_load_grad8(g, acc, cnt, i + 8);
-        __m256 m0 = _mm256_loadu_ps(m + i), m1 = _mm256_loadu_ps(m + i + 8);
-        __m256 v0 = _mm256_loadu_ps(v + i), v1 = _mm256_loadu_ps(v + i + 8);
-        __m256 p0 = _mm256_loadu_ps(p + i), p1 = _mm256_loadu_ps(p + i + 8);
-        zf_adam8(&cv, g0, &p0, &m0, &v0);
-        zf_adam8(&cv, g1, &p1, &m1, &v1);
-        _mm256_storeu_ps(p + i, p0);
-        _mm256_storeu_ps(p + i + 8, p1);
-        _mm256_storeu_ps(m + i, m0);
-        _mm256_storeu_ps(m + i + 8, m1);
-        _mm256_storeu_ps(v + i, v0);
-        _mm256_storeu_ps(v + i + 8, v1);
-    }
-#endif
-    for (; i < hi; i++) {
-        float gi = acc ? acc[i] / count : g[i];
-        adamw_one(p + i, m + i, v + i, gi, *c);
-    }
-}
-
-// Threads split the array into chunks of whole blocks; below this size one thread does it
-// all, because starting a team costs more than the work. Neither choice changes results.
-#define ZF_LINE_FLOATS 16  // one 64-byte cache line
+// Threads take contiguous runs of pieces of ZF_PIECE floats (whole 64-byte cache lines: two
+// threads never write the same line); below ZF_MIN_PARALLEL elements one thread does it all,
+// because starting a team costs more than the work. Neither changes a result.
+#define ZF_PIECE 4096
 #define ZF_MIN_PARALLEL (1 << 16)
 
-#ifdef _OPENMP
-// Thread `t` of `nt` gets elements [*lo, *hi): a contiguous run of whole cache lines.
-static void zf_thread_range(size_t n, int t, int nt, size_t* lo, size_t* hi) {
-    size_t lines = (n + ZF_LINE_FLOATS - 1) / ZF_LINE_FLOATS;
-    size_t b0 = lines * (size_t)t / (size_t)nt;
-    size_t b1 = lines * (size_t)(t + 1) / (size_t)nt;
-    *lo = b0 * ZF_LINE_FLOATS < n ? b0 * ZF_LINE_FLOATS : n;
-    *hi = b1 * ZF_LINE_FLOATS < n ? b1 * ZF_LINE_FLOATS : n;
-}
-#endif
-
+// One AdamW step over n elements. If acc != NULL the gradient is acc[i] / count (the window
+// mean, a true division), else g[i].
 static void zf_adam_all(float* p, float* m, float* v, const float* g, const float* acc,
                         float count, size_t n, ZfAdamHyper h, int s) {
-    AdamWConsts c = adamw_consts(h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, s);
-#ifdef _OPENMP
-#pragma omp parallel if (n >= ZF_MIN_PARALLEL)
-    {
-        size_t lo, hi;
-        zf_thread_range(n, omp_get_thread_num(), omp_get_num_threads(), &lo, &hi);
-        zf_adam_range(p, m, v, g, acc, count, lo, hi, &c);
-    }
-#else
-    zf_adam_range(p, m, v, g, acc, count, 0, n, &c);
+    const AdamWConsts c = adamw_consts(h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, s);
+#ifdef __AVX__
+    const ZfAdamVec cv = {_mm256_set1_ps(c.b1), _mm256_set1_ps(c.b2), _mm256_set1_ps(c.omb1),
+                          _mm256_set1_ps(c.omb2), _mm256_set1_ps(c.bc1), _mm256_set1_ps(c.bc2),
+                          _mm256_set1_ps(c.eps), _mm256_set1_ps(c.lr), _mm256_set1_ps(c.wd)};
+    const __m256 cnt = _mm256_set1_ps(count);
 #endif
+    const long pieces = (long)((n + ZF_PIECE - 1) / ZF_PIECE);
+#pragma omp parallel for schedule(static) if (n >= ZF_MIN_PARALLEL)
+    for (long k = 0; k < pieces; k++) {
+        size_t i = (size_t)k * ZF_PIECE;
+        const size_t hi = std::min(n, i + ZF_PIECE);
+#ifdef __AVX__
+        // 16 floats (one 64-byte line of each array) per iteration, all loads before any store:
+        // on AMD Zen, where lines of p, m, v, g can evict each other (arrays a large power of
+        // two apart), touching each line twice instead of four times measured 1.6x faster
+        for (; i + 16 <= hi; i += 16) {
+            __m256 g0 = acc ? _mm256_div_ps(_mm256_loadu_ps(acc + i), cnt) : _mm256_loadu_ps(g + i);
+            __m256 g1 = acc ? _mm256_div_ps(_mm256_loadu_ps(acc + i + 8), cnt) : _mm256_loadu_ps(g + i + 8);
+            __m256 m0 = _mm256_loadu_ps(m + i), m1 = _mm256_loadu_ps(m + i + 8);
+            __m256 v0 = _mm256_loadu_ps(v + i), v1 = _mm256_loadu_ps(v + i + 8);
+            __m256 p0 = _mm256_loadu_ps(p + i), p1 = _mm256_loadu_ps(p + i + 8);
+            zf_adam8(&cv, g0, &p0, &m0, &v0);
+            zf_adam8(&cv, g1, &p1, &m1, &v1);
+            _mm256_storeu_ps(p + i, p0);
+            _mm256_storeu_ps(p + i + 8, p1);
+            _mm256_storeu_ps(m + i, m0);
+            _mm256_storeu_ps(m + i + 8, m1);
+            _mm256_storeu_ps(v + i, v0);
+            _mm256_storeu_ps(v + i + 8, v1);
+        }
+#endif
+        for (; i < hi; i++) {  // the scalar formula: the tail, and builds without AVX
+            adamw_one(p + i, m + i, v + i, acc ? acc[i] / count : g[i], c);
+        }
+    }
 }
 
 void zf_cpu_adam_step(float* p, float* m, float* v, const float* g, size_t n,
@@ -137,18 +115,14 @@ void zf_cpu_adam_step_mean(float* p, float* m, float* v, const float* acc, int c
     zf_adam_all(p, m, v, NULL, acc, (float)count, n, h, s);
 }
 
+// One addition per element; the compiler vectorises these plain loops by itself. The first
+// step of a window is A = 0 + g: bitwise "A = 0, then A += g" (0 + -0 is +0, which a copy
+// would not give), in one pass instead of two.
 void zf_cpu_accumulate(float* acc, const float* g, size_t n, int first) {
-    // One addition per element; the compiler vectorises these plain loops by itself. The
-    // first step of a window is A = 0 + g: bitwise "A = 0, then A += g" (0 + -0 is +0, which
-    // a copy would not give), in one pass instead of two.
-#ifdef _OPENMP
-#pragma omp parallel if (n >= ZF_MIN_PARALLEL)
-#endif
-    {
-        size_t lo = 0, hi = n;
-#ifdef _OPENMP
-        zf_thread_range(n, omp_get_thread_num(), omp_get_num_threads(), &lo, &hi);
-#endif
+    const long pieces = (long)((n + ZF_PIECE - 1) / ZF_PIECE);
+#pragma omp parallel for schedule(static) if (n >= ZF_MIN_PARALLEL)
+    for (long k = 0; k < pieces; k++) {
+        const size_t lo = (size_t)k * ZF_PIECE, hi = std::min(n, lo + ZF_PIECE);
         if (first) {
             for (size_t i = lo; i < hi; i++) acc[i] = 0.0f + g[i];
         } else {
@@ -183,7 +157,6 @@ struct ZfWorker {
 
 // Debug delay: a random 0..max microseconds (splitmix64; only the worker thread uses it).
 static void zf_worker_random_sleep(ZfWorker* u) {
-    if (u->delay_max_us <= 0) return;
     uint64_t z = (u->rng += 0x9E3779B97F4A7C15ull);
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
@@ -208,9 +181,9 @@ static void zf_worker_main(ZfWorker* u) {
             u->queue.pop_front();
             skip = u->error != 0;  // after an error the state is suspect: don't run more
         }
-        zf_worker_random_sleep(u);
+        if (u->delay_max_us > 0) zf_worker_random_sleep(u);  // the tests' debug delays
         int status = skip ? 0 : job.fn(job.arg);
-        zf_worker_random_sleep(u);
+        if (u->delay_max_us > 0) zf_worker_random_sleep(u);
         {
             std::lock_guard<std::mutex> lk(u->mu);
             // the first error sticks: later jobs are skipped, and the main thread reports it

@@ -56,24 +56,9 @@ void zf_cpu_accumulate(float* acc, const float* g, size_t n, int first);
 // sticks: later jobs are not run (they would work on state that is already wrong), and
 // every later zf_worker_wait / zf_worker_drain / zf_worker_destroy returns that code,
 // and zf_worker_error tells it without waiting.
-//
-// OpenMP: a job may call zf_cpu_adam_step; its parallel region runs on a team of the
-// worker thread, separate from any team of the main thread (libgomp keeps one thread
-// pool per thread that starts a parallel region). omp_threads sets that team's size.
-//
-// Debug: if the environment variable ZF_WORKER_DELAY_US=<max> is set when the worker is
-// created, the thread sleeps a random 0..max microseconds before and after every job
-// (seeded from the clock). Results must not change; the determinism tests use this.
 
 typedef int (*ZfJobFn)(void* arg);
 typedef struct ZfWorker ZfWorker;
-
-// omp_threads: OpenMP threads for parallel regions run by jobs; 0 = the OpenMP default
-// (OMP_NUM_THREADS or all cores). Returns NULL if the thread cannot be started.
-ZfWorker* zf_worker_create(int omp_threads);
-
-// the OpenMP default team size: OMP_NUM_THREADS, else the cores (1 without OpenMP)
-int zf_cpu_cores(void);
 
 // Queue fn(arg). Returns its ticket: 0 for the first job, then 1, 2, ...
 long zf_worker_submit(ZfWorker* u, ZfJobFn fn, void* arg);
@@ -85,15 +70,28 @@ long zf_worker_submit(ZfWorker* u, ZfJobFn fn, void* arg);
 // may wait for another worker's ticket, as long as no job of that one waits back.
 int zf_worker_wait(ZfWorker* u, long ticket);
 
+// Without blocking: 1 if the job with this ticket has finished or been skipped (a negative
+// ticket: 1), else 0. What zf_worker_wait would do now without waiting.
+int zf_worker_finished(ZfWorker* u, long ticket);
+
 // Without blocking: the first error of any job so far, or 0 (u may be NULL: 0).
 int zf_worker_error(ZfWorker* u);
 
 // Block until every submitted job has finished. Returns 0 or the first error.
 int zf_worker_drain(ZfWorker* u);
 
-// Without blocking: 1 if the job with this ticket has finished or been skipped (a negative
-// ticket: 1), else 0. What zf_worker_wait would do now without waiting.
-int zf_worker_finished(ZfWorker* u, long ticket);
+// OpenMP: a job may call zf_cpu_adam_step; its parallel region runs on a team of the
+// worker thread, separate from any team of the main thread (libgomp keeps one thread
+// pool per thread that starts a parallel region). omp_threads sets that team's size: the
+// OpenMP threads for parallel regions run by jobs; 0 = the OpenMP default (OMP_NUM_THREADS
+// or all cores). Returns NULL if the thread cannot be started.
+// Debug: if the environment variable ZF_WORKER_DELAY_US=<max> is set when the worker is
+// created, the thread sleeps a random 0..max microseconds before and after every job
+// (seeded from the clock). Results must not change; the determinism tests use this.
+ZfWorker* zf_worker_create(int omp_threads);
+
+// the OpenMP default team size: OMP_NUM_THREADS, else the cores (1 without OpenMP)
+int zf_cpu_cores(void);
 
 // Drain (pending jobs still run), stop and join the thread, free. Returns 0 or the first
 // error, so an error is reported even if nobody waited after it. u may be NULL.

@@ -343,7 +343,6 @@ void attention_backward(float* dqkv, float* dpreatt, float* datt,  // (B,T,3C), 
                         const float* dout, const float* qkv, const float* att,
                         int B, int T, int C, int NH) {
     const int C3 = 3 * C, hs = C / NH;
-    const float scale = 1.0f / sqrtf((float)hs);
 #pragma omp parallel for collapse(2)
     for (int b = 0; b < B; b++) {
         for (int h = 0; h < NH; h++) {
@@ -368,6 +367,7 @@ void attention_backward(float* dqkv, float* dpreatt, float* datt,  // (B,T,3C), 
                 for (int t2 = 0; t2 <= t; t2++) { dot += a[t2] * da[t2]; }
                 for (int t2 = 0; t2 <= t; t2++) { dpre[t2] += a[t2] * (da[t2] - dot); }
                 // preatt = q.k * scale
+                const float scale = 1.0f / sqrtf((float)hs);
                 const float* q = qkv + ((size_t)b * T + t) * C3 + h * hs;
                 float* dq = dqkv + ((size_t)b * T + t) * C3 + h * hs;
                 for (int t2 = 0; t2 <= t; t2++) {
@@ -938,11 +938,15 @@ static void cpu_moments_from_host(void* ctx, const ZenFlow* zf, const float* m, 
     }
 }
 
+// every copy here is done when its call returns: nothing to wait for
+static void cpu_host_wait(void* ctx, const float* host) { (void)ctx; (void)host; }
+
 // ZenFlow over the CPU trainer's model; free with zf_cpu_free
 void zf_cpu_init(ZenFlow* zf, CpuDevice* dev, GPT2* model, ZfConfig cfg) {
     ZfBackend be;
-    memset(&be, 0, sizeof(be));  // no asynchronous copies here: host_wait, prefetch stay NULL
+    memset(&be, 0, sizeof(be));  // no asynchronous copies here: no prefetch
     be.ctx = dev;
+    be.host_wait = cpu_host_wait;
     be.column_scores = cpu_column_scores;
     be.selection_changed = cpu_selection_changed;
     be.zero_grads = cpu_zero_grads;

@@ -50,24 +50,17 @@ without it nvcc fuses multiply-adds and AdamW is no longer spec 3.1 to the bit.
 
 #define NUM_ACTIVATION_TENSORS 18
 typedef struct {
-    float* encoded;    // (B, T, C)
-    float* ln1;        // (L, B, T, C)
-    float* ln1_mean;   // (L, B, T)
-    float* ln1_rstd;   // (L, B, T)
-    float* qkvr;       // (L, 3, B, NH, T, hs)  q, k, v in head layout
-    float* atty;       // (L, B, T, C)
-    float* att;        // (L, B, NH, T, T)      causal softmax, zero above the diagonal
-    float* residual2;  // (L, B, T, C)
-    float* ln2;        // (L, B, T, C)
-    float* ln2_mean;   // (L, B, T)
-    float* ln2_rstd;   // (L, B, T)
-    float* fch;        // (L, B, T, 4C)
-    float* fch_gelu;   // (L, B, T, 4C)
-    float* residual3;  // (L, B, T, C)
-    float* lnf;        // (B, T, C)
-    float* lnf_mean;   // (B, T)
-    float* lnf_rstd;   // (B, T)
-    float* logits;     // (B, T, Vp)            dlogits after a forward pass with targets
+    float* encoded;                    // (B, T, C)
+    float *ln1, *ln1_mean, *ln1_rstd;  // (L, B, T, C), (L, B, T), (L, B, T): LayerNorm's output, mean, 1/std
+    float* qkvr;                       // (L, 3, B, NH, T, hs)  q, k, v in head layout
+    float* atty;                       // (L, B, T, C)
+    float* att;                        // (L, B, NH, T, T)      causal softmax, zero above the diagonal
+    float* residual2;                  // (L, B, T, C)
+    float *ln2, *ln2_mean, *ln2_rstd;  // (L, B, T, C), (L, B, T), (L, B, T)
+    float *fch, *fch_gelu;             // (L, B, T, 4C) each: the MLP's first matmul, then GELU
+    float* residual3;                  // (L, B, T, C)
+    float *lnf, *lnf_mean, *lnf_rstd;  // (B, T, C), (B, T), (B, T)
+    float* logits;                     // (B, T, Vp)            dlogits after a forward pass with targets
 } ActivationTensors;  // (the losses (B, T) go straight to the host: GPT2.losses_host)
 
 static void activation_sizes(size_t sizes[NUM_ACTIVATION_TENSORS], const GPT2Config* c, int B, int T) {

@@ -1,26 +1,17 @@
 /*
-ZenFlow on the GPU: the CUDA backend (ZfBackend) of zenflow.h.
+ZenFlow on the GPU: the CUDA backend (ZfBackend) of zenflow.h, which decides WHAT happens in a
+step; this file says how a GPU does each part, in the order a default step calls it: zero the
+gradients (spec 7), AdamW on the GPU-owned columns (4.3), the CPU-owned gradient columns to
+the host (4.4), the CPU's result back (4.6); then the selection (4.2), the options, setup and
+the stall measurement (8).
 
-zenflow.h decides WHAT happens in a step (docs/zenflow_spec.md section 4); this file says how
-a GPU does each part, in the order a default step calls it: zeroing the gradients before the
-backward (7), AdamW on the GPU-owned columns (4.3), the CPU-owned gradient columns to the
-host (4.4), the CPU's result back into the model (4.6); then the selection (4.2), the options,
-setup, and the stall measurement (8).
-
-The device sees each matrix's columns as two COLUMN SETS (ZfColumnSet): the GPU's selected
-columns and the CPU's others, their indices in `order` (every matrix's cols_by_owner, back to
-back). An element is W[o, col_r], col_r the set's r-th column; packed:
+The device sees each side's columns of a matrix as a COLUMN SET (ZfColumnSet); the packed
+layouts, with W[o, col_r] the element in row o of the set's r-th column:
     CPU side, and the device staging buffers:  packed[cpu_offset + r * rows + o]   (by column)
     GPU moments m, v, after all the vectors:   m[vector_elems + gpu_offset + o * n_sel + r]
-By row on the GPU, so that the AdamW kernel walks W's rows in order. The CPU's sets are kept
-in transfer-group order, like zenflow.h's packed layout, so one layer's columns are one
-gather launch and one copy. The vectors (always GPU-owned) are sets of one column each.
-
-Streams: the default stream runs forward, backward, zeroing, AdamW, gather and scatter; the
-d2h stream copies staging -> host, the h2d stream host -> staging. A staging buffer remembers,
-by events, the last kernel that used it and its last copy out and in; a host buffer its last
-copy (ZfFence), which host_wait waits for. docs/teaching.md ("Inside the code") draws one
-window's timeline. Build with -fmad=false (the Makefile does): the AdamW is bitwise the CPU's.
+By row on the GPU, so that AdamW walks W's rows in order. Streams: the default stream computes
+(zeroing, AdamW, gather, scatter too), d2h copies staging -> host, h2d host -> staging; events
+say who used a buffer last. Built with -fmad=false: the AdamW is bitwise the CPU's.
 */
 #ifndef ZENFLOW_CUH
 #define ZENFLOW_CUH
@@ -43,7 +34,7 @@ typedef struct {
 } ZfColumnSet;
 
 // One side's sets as a kernel takes them: one flat grid of blocks over all sets, set s from
-// block start[s] on, start[num_sets] blocks in all (a block is a tile or a chunk, below)
+// block start[s] on (a block is a tile or a chunk of a set, below)
 typedef struct {
     const ZfColumnSet* sets;  // (num_sets) device
     const long long* start;   // (num_sets + 1) device
@@ -56,7 +47,7 @@ typedef struct {
 #define ZF_THREADS 256             // threads per block of the element-wise kernels
 #define ZF_CHUNK (4 * ZF_THREADS)  // elements per block of the element-wise kernels
 
-// a host-mirrored table of column sets and the grid over them (selection_changed fills it)
+// a grid's sets and block starts, with their host mirrors (selection_changed fills them)
 typedef struct {
     ZfColumnSet* sets;     // (num_sets) device
     long long* blocks;     // (num_sets + 1) device: the prefix sums of the sets' blocks
@@ -64,14 +55,15 @@ typedef struct {
     long long* h_blocks;
 } ZfSetTable;
 
+// a transfer group's CPU-owned columns (spec 7): one range of the CPU sets' tiles (gather,
+// scatter) and one of the packed buffers
+typedef struct {
+    long long first_tile, tiles;
+    size_t at, n;  // floats
+} ZfGroupRange;
+
 // ----------------------------------------------------------------------------
 // the backend's state
-
-// events only waited for, never timed; a host thread that waits for one sleeps (see
-// cuda_init_device: without cudaEventBlockingSync, cudaEventSynchronize spins)
-#define ZF_WAITED_EVENT (cudaEventDisableTiming | cudaEventBlockingSync)
-#define ZF_MAX_FENCES 8    // host buffers that copies use: master, acc, acc_job, 2 landing, moments
-#define ZF_MAX_STALLS 256  // stall intervals measured per step (more are waited for, not timed)
 
 // a device staging buffer of packed CPU-owned columns, and who used it last
 typedef struct {
@@ -88,6 +80,12 @@ typedef struct {
     cudaEvent_t done;
     int pinned;  // 1 if cudaHostRegister worked (else copies are not asynchronous, still correct)
 } ZfFence;
+
+#define ZF_MAX_FENCES 8    // host buffers that copies use: master, acc, acc_job, 2 landing, moments
+#define ZF_MAX_STALLS 256  // stall intervals measured per step (more are waited for, not timed)
+// events only waited for, never timed; a host thread that waits for one sleeps (see
+// cuda_init_device: without cudaEventBlockingSync, cudaEventSynchronize spins)
+#define ZF_WAITED_EVENT (cudaEventDisableTiming | cudaEventBlockingSync)
 
 // the stall and step measurement (spec 8; main thread only, the last section of this file)
 typedef struct {
@@ -115,21 +113,16 @@ typedef struct {
     float* params;  // (num_parameters) device: the working copy, file layout
     float* grads;   // (num_parameters) device
     size_t num_parameters;
-    int num_sets;   // = the number of matrices
-    // ownership (selection_changed): the GPU's sets by chunks (AdamW, zeroing, auto U) in
-    // matrix order; the CPU's by tiles (gather, scatter) and by chunks (auto U) in transfer-group
-    // order (set k is matrix group_mats[k]); the vectors', built once (they never change owner)
-    ZfSetTable gpu, cpu_tiles, cpu_chunks, vectors;
-    int *order, *h_order;  // (every matrix's cols)
-    ZfGrid gpu_grid, cpu_tile_grid, cpu_chunk_grid, vector_grid;
-    int* vector_order;     // (1) device: {0}, the one column of a vector's set
+    // the column sets (selection_changed): the GPU's by chunks (AdamW) in matrix order; the
+    // CPU's by tiles (gather, scatter) in transfer-group order (set k is matrix group_mats[k]);
+    // the vectors', built once (they never change owner)
+    int num_sets;  // = the number of matrices
+    ZfSetTable gpu, cpu_tiles, vectors;
+    ZfGrid gpu_grid, cpu_tile_grid, vector_grid;
+    ZfGroupRange* groups;  // (num_groups + 1) host: transfer group g's; [num_groups]: all of them
     // 4.3: the GPU's optimizer state: every vector, then each matrix's selected columns
     float* m;  // (vector_elems + gpu_capacity) device, row by row per matrix (see the top)
     float* v;
-    float* host_moments;  // (vector_elems + gpu_capacity) pinned host scratch for the layout change
-    // 4.2.2 scratch
-    float* scores;         // (every matrix's cols) device
-    float* score_partial;  // (COLSUM_MAX_CHUNKS, the widest matrix's cols) device
     // transfers (spec 7)
     cudaStream_t d2h, h2d;
     ZfStaging staging[2];
@@ -139,8 +132,16 @@ typedef struct {
     int prefetched;           // params_stage holds the master already (params_prefetch)
     ZfFence fences[ZF_MAX_FENCES];
     int num_fences;
-    size_t staging_bytes, pinned_bytes;
+    // the rest is not the default step's: the selection's, the options', the measurement
+    int *order, *h_order;  // (every matrix's cols) the sets' columns
+    int* vector_order;     // (1) device: {0}, the one column of a vector's set
+    float* host_moments;   // (vector_elems + gpu_capacity) pinned host scratch for the layout change
+    float* scores;         // (every matrix's cols) device, 4.2.2
+    float* score_partial;  // (COLSUM_MAX_CHUNKS, the widest matrix's cols) device
+    ZfSetTable cpu_chunks;  // the CPU's sets by chunks (auto U)
+    ZfGrid cpu_chunk_grid;
     ZfCudaAutoU autou;
+    size_t staging_bytes, pinned_bytes;
     ZfCudaStats stats;
 } ZfCudaDevice;
 
@@ -290,69 +291,61 @@ static void zf_cuda_zero_grads(void* ctx, const ZenFlow* zf, int all) {
 }
 
 // ----------------------------------------------------------------------------
-// 4.3 AdamW on the GPU-owned elements
+// 4.3 AdamW (spec 3.1) on every GPU-owned element: the vectors (no weight decay, spec 1) in
+// one launch, then the selected columns of every matrix in another
 
-static void zf_cuda_adam_columns(ZfCudaDevice* dev, ZfGrid grid, long long blocks, float* m, float* v,
-                                 AdamWConsts c) {
-    if (blocks == 0) { return; }
-    zf_adam_columns_kernel<<<(unsigned)blocks, ZF_THREADS>>>(dev->params, dev->grads, m, v, grid, c);
-    cudaCheck(cudaGetLastError());
-}
-
-// AdamW (spec 3.1) on every GPU-owned element: the vectors (no weight decay, spec 1) in one
-// launch, then the selected columns of every matrix in another
 static void zf_cuda_gpu_adam(void* ctx, const ZenFlow* zf, ZfAdamHyper h, int step) {
     ZfCudaDevice* dev = (ZfCudaDevice*)ctx;
     const size_t V = zf->own.vector_elems;
+    const ZfGrid grids[2] = {dev->vector_grid, dev->gpu_grid};
+    const long long blocks[2] = {dev->vectors.h_blocks[zf->own.num_vectors], dev->gpu.h_blocks[dev->num_sets]};
+    const float decay[2] = {0.0f, h.weight_decay};
+    const size_t at[2] = {0, V};  // their moments
     int span = gpu_trace_begin(0);
-    AdamWConsts vectors = adamw_consts(h.lr, h.beta1, h.beta2, h.eps, 0.0f, step);
-    zf_cuda_adam_columns(dev, dev->vector_grid, dev->vectors.h_blocks[zf->own.num_vectors], dev->m, dev->v, vectors);
-    AdamWConsts matrices = adamw_consts(h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, step);
-    zf_cuda_adam_columns(dev, dev->gpu_grid, dev->gpu.h_blocks[dev->num_sets], dev->m + V, dev->v + V, matrices);
+    for (int i = 0; i < 2; i++) {
+        if (blocks[i] == 0) { continue; }
+        AdamWConsts c = adamw_consts(h.lr, h.beta1, h.beta2, h.eps, decay[i], step);
+        zf_adam_columns_kernel<<<(unsigned)blocks[i], ZF_THREADS>>>(dev->params, dev->grads, dev->m + at[i],
+                                                                    dev->v + at[i], grids[i], c);
+        cudaCheck(cudaGetLastError());
+    }
     gpu_trace_end(span, 0, TRACE_COMPUTE, "GPU-side AdamW");
 }
 
 // ----------------------------------------------------------------------------
 // 4.4 the CPU-owned columns to the host: gather into a staging buffer on the default
-// stream, copy out on the d2h stream
+// stream, copy out on the d2h stream; 4.6 the way back: copy in on the h2d stream, scatter
 
-// A transfer group's CPU-side sets (-1: all of them) are one range [*s0, *s1) of the CPU
-// sets, and so one range of tiles and one range of the packed buffers: [*at, *at + *n) floats
-static void zf_group_range(const ZfCudaDevice* dev, const ZenFlow* zf, int group, int* s0, int* s1,
-                           size_t* at, size_t* n) {
-    *s0 = group < 0 ? 0 : zf->own.group_start[group];
-    *s1 = group < 0 ? dev->num_sets : zf->own.group_start[group + 1];
-    size_t end = *s1 < dev->num_sets ? dev->cpu_tiles.h_sets[*s1].packed_offset : zf->own.cpu_elems;
-    *at = *s0 < *s1 ? dev->cpu_tiles.h_sets[*s0].packed_offset : end;  // (a group without matrices: none)
-    *n = end - *at;
-}
-
-// One asynchronous copy of a transfer between host and device, on the timeline, its bytes
-// added to *bytes (the updater thread uploads too: atomically)
-static void zf_cuda_copy(float* dst, const float* src, size_t n, cudaMemcpyKind kind, cudaStream_t stream,
-                         long long* bytes, const char* what) {
+// The one copy between a host buffer of zenflow.h and a staging buffer: floats [at, at + n),
+// to the host (down) on the d2h stream or from it on the h2d stream. On the timeline; its
+// bytes counted (the updater thread uploads too: atomically); the staging buffer's event and
+// the host buffer's fence then stand for it.
+static void zf_cuda_copy(ZfCudaDevice* dev, ZfStaging* st, float* host, size_t at, size_t n, int down,
+                         const char* what) {
+    cudaStream_t stream = down ? dev->d2h : dev->h2d;
     int span = gpu_trace_begin(stream);
-    cudaCheck(cudaMemcpyAsync(dst, src, n * sizeof(float), kind, stream));
-    gpu_trace_end(span, stream, kind == cudaMemcpyDeviceToHost ? TRACE_D2H : TRACE_H2D, what);
-    __atomic_add_fetch(bytes, (long long)(n * sizeof(float)), __ATOMIC_RELAXED);
-}
-
-static ZfFence* zf_cuda_fence(ZfCudaDevice* dev, const float* host) {
-    for (int i = 0; i < dev->num_fences; i++) {
-        if (dev->fences[i].host == host) { return &dev->fences[i]; }
+    if (down) {
+        cudaCheck(cudaMemcpyAsync(host + at, st->buf + at, n * sizeof(float), cudaMemcpyDeviceToHost, stream));
+    } else {
+        cudaCheck(cudaMemcpyAsync(st->buf + at, host + at, n * sizeof(float), cudaMemcpyHostToDevice, stream));
     }
-    return NULL;
+    gpu_trace_end(span, stream, down ? TRACE_D2H : TRACE_H2D, what);
+    __atomic_add_fetch(down ? &dev->stats.d2h_bytes : &dev->stats.uploaded_bytes, (long long)(n * sizeof(float)),
+                       __ATOMIC_RELAXED);
+    cudaCheck(cudaEventRecord(down ? st->d2h_done : st->h2d_done, stream));
+    for (int i = 0; i < dev->num_fences; i++) {
+        if (dev->fences[i].host == host) { cudaCheck(cudaEventRecord(dev->fences[i].done, stream)); }
+    }
 }
 
-// The CPU-owned columns of transfer group `group` (-1: all) of `full` (params or grads) to
-// `host`: one gather into the staging buffer, one copy out on the d2h stream. Asynchronous
-// unless `sync`. The events of the staging buffer and of `host` then stand for this copy.
-static void zf_cuda_columns_to_host(ZfCudaDevice* dev, const ZenFlow* zf, ZfStaging* st, const float* full,
-                                    float* host, int sync, int group) {
-    int s0, s1;
-    size_t at, n;
-    zf_group_range(dev, zf, group, &s0, &s1, &at, &n);
-    if (n == 0) { return; }
+// The gradient columns (accumulation on the CPU: g_t, every step; on the GPU: A, at the
+// window's end) of transfer group `group` (-1: all) to `host`, asynchronously: one gather into
+// the staging buffer on the default stream, one copy out on the d2h stream
+static void zf_cuda_grads_to_host(void* ctx, const ZenFlow* zf, float* host, int group) {
+    ZfCudaDevice* dev = (ZfCudaDevice*)ctx;
+    ZfStaging* st = dev->grads_stage;
+    const ZfGroupRange r = dev->groups[group < 0 ? zf->own.num_groups : group];
+    if (r.n == 0) { return; }
     // the staging buffer is free once its last copy out and its last copy in are done. A
     // transfer in groups waits before its first group only: the later groups write other
     // parts of the buffer, and waiting for this step's own copies would serialize them.
@@ -361,62 +354,41 @@ static void zf_cuda_columns_to_host(ZfCudaDevice* dev, const ZenFlow* zf, ZfStag
         zf_cuda_compute_waits(dev, st->h2d_done);
     }
     if (st == dev->params_stage) { dev->prefetched = 0; }  // about to overwrite a prefetch
-    long long first = dev->cpu_tiles.h_blocks[s0], tiles = dev->cpu_tiles.h_blocks[s1] - first;
     int span = gpu_trace_begin(0);
-    zf_gather_columns_kernel<<<(unsigned)tiles, dim3(ZF_TILE, ZF_TILE_ROWS)>>>(st->buf, full, dev->cpu_tile_grid, first);
+    zf_gather_columns_kernel<<<(unsigned)r.tiles, dim3(ZF_TILE, ZF_TILE_ROWS)>>>(st->buf, dev->grads,
+                                                                               dev->cpu_tile_grid, r.first_tile);
     cudaCheck(cudaGetLastError());
     gpu_trace_end(span, 0, TRACE_COMPUTE, "gather columns");
     cudaCheck(cudaEventRecord(st->kernel_done, 0));
     cudaCheck(cudaStreamWaitEvent(dev->d2h, st->kernel_done, 0));
-    zf_cuda_copy(host + at, st->buf + at, n, cudaMemcpyDeviceToHost, dev->d2h, &dev->stats.d2h_bytes,
-                 full == dev->grads ? "gradient columns" : "parameter columns");
-    cudaCheck(cudaEventRecord(st->d2h_done, dev->d2h));
-    ZfFence* fence = zf_cuda_fence(dev, host);
-    if (fence != NULL) { cudaCheck(cudaEventRecord(fence->done, dev->d2h)); }
-    if (sync) { cudaCheck(cudaEventSynchronize(st->d2h_done)); }
-}
-
-// the gradient columns (accumulation on the CPU: g_t, every step; on the GPU: A, at the
-// window's end), asynchronously; all, or one layer's
-static void zf_cuda_grads_to_host(void* ctx, const ZenFlow* zf, float* host, int group) {
-    ZfCudaDevice* dev = (ZfCudaDevice*)ctx;
-    zf_cuda_columns_to_host(dev, zf, dev->grads_stage, dev->grads, host, 0, group);
+    zf_cuda_copy(dev, st, host, r.at, r.n, 1, "gradient columns");
 }
 
 // zenflow.h's jobs call this before they touch a host buffer a copy may still be using
 static void zf_cuda_host_wait(void* ctx, const float* host) {
     ZfCudaDevice* dev = (ZfCudaDevice*)ctx;
-    ZfFence* fence = zf_cuda_fence(dev, host);
-    if (fence != NULL) {
-        cudaCheck(cudaEventSynchronize(fence->done));
-    } else {  // not a buffer we copy asynchronously: wait for every copy, to be safe
-        cudaCheck(cudaStreamSynchronize(dev->d2h));
-        cudaCheck(cudaStreamSynchronize(dev->h2d));
+    for (int i = 0; i < dev->num_fences; i++) {
+        if (dev->fences[i].host == host) {
+            cudaCheck(cudaEventSynchronize(dev->fences[i].done));
+            return;
+        }
     }
+    // not a buffer we copy asynchronously: wait for every copy, to be safe
+    cudaCheck(cudaStreamSynchronize(dev->d2h));
+    cudaCheck(cudaStreamSynchronize(dev->h2d));
 }
 
-// ----------------------------------------------------------------------------
-// 4.6 apply: the CPU's result back into the working copy: copy in on the h2d stream (from
-// the updater thread as soon as the update is done: the prefetch), scatter on the default
-// stream at the boundary
-
 // Packed CPU-owned columns of transfer group `group` (-1: all) from `host` into the staging
-// buffer, on the h2d stream. A new upload (all, or a transfer's first group, 0) goes after
-// whatever used the buffer before. Safe to call from the updater thread (params_prefetch).
+// buffer. A new upload (all, or a transfer's first group, 0) goes after whatever used the
+// buffer before. Safe to call from the updater thread (params_prefetch).
 static void zf_cuda_upload(ZfCudaDevice* dev, const ZenFlow* zf, ZfStaging* st, const float* host, int group) {
-    int s0, s1;
-    size_t at, n;
-    zf_group_range(dev, zf, group, &s0, &s1, &at, &n);
-    if (n == 0) { return; }
+    const ZfGroupRange r = dev->groups[group < 0 ? zf->own.num_groups : group];
+    if (r.n == 0) { return; }
     if (group <= 0) {
         cudaCheck(cudaStreamWaitEvent(dev->h2d, st->kernel_done, 0));
         cudaCheck(cudaStreamWaitEvent(dev->h2d, st->d2h_done, 0));
     }
-    zf_cuda_copy(st->buf + at, host + at, n, cudaMemcpyHostToDevice, dev->h2d, &dev->stats.uploaded_bytes,
-                 "packed columns");
-    cudaCheck(cudaEventRecord(st->h2d_done, dev->h2d));
-    ZfFence* fence = zf_cuda_fence(dev, host);
-    if (fence != NULL) { cudaCheck(cudaEventRecord(fence->done, dev->h2d)); }
+    zf_cuda_copy(dev, st, (float*)host, r.at, r.n, 0, "packed columns");  // (only read)
 }
 
 // on the updater thread right after a window update: its result starts for the device
@@ -427,30 +399,24 @@ static void zf_cuda_params_prefetch(void* ctx, const ZenFlow* zf, const float* h
     dev->prefetched = 1;  // read by the main thread only after it has waited for this job
 }
 
-// scatter transfer group `group` (-1: all) of the staging buffer into `full`
-static void zf_cuda_scatter(ZfCudaDevice* dev, const ZenFlow* zf, float* full, const ZfStaging* st, int group) {
-    int s0, s1;
-    size_t at, n;
-    zf_group_range(dev, zf, group, &s0, &s1, &at, &n);
-    long long first = dev->cpu_tiles.h_blocks[s0], tiles = dev->cpu_tiles.h_blocks[s1] - first;
-    if (tiles == 0) { return; }
-    zf_scatter_columns_kernel<<<(unsigned)tiles, dim3(ZF_TILE, ZF_TILE_ROWS)>>>(full, st->buf, dev->cpu_tile_grid, first);
-    cudaCheck(cudaGetLastError());
-}
-
 // The CPU's columns into the working copy, before the next forward pass; all, or (a
 // synchronous update, per layer) one layer's just before that layer's forward: the default
 // stream waits only for this group's copy, the later ones are still on their way
 static void zf_cuda_params_from_host(void* ctx, const ZenFlow* zf, const float* host, int group) {
     ZfCudaDevice* dev = (ZfCudaDevice*)ctx;
+    const ZfGroupRange r = dev->groups[group < 0 ? zf->own.num_groups : group];
     if (zf->own.cpu_elems == 0) { return; }
     ZfStaging* st = dev->params_stage;
     if (!dev->prefetched) { zf_cuda_upload(dev, zf, st, host, group); }
     if (group < 0 || group == zf->own.num_groups - 1) { dev->prefetched = 0; }  // the transfer's last part
     zf_cuda_compute_waits(dev, st->h2d_done);
-    int span = gpu_trace_begin(0);
-    zf_cuda_scatter(dev, zf, dev->params, st, group);
-    gpu_trace_end(span, 0, TRACE_COMPUTE, "scatter columns (apply)");
+    if (r.tiles > 0) {
+        int span = gpu_trace_begin(0);
+        zf_scatter_columns_kernel<<<(unsigned)r.tiles, dim3(ZF_TILE, ZF_TILE_ROWS)>>>(dev->params, st->buf,
+                                                                                    dev->cpu_tile_grid, r.first_tile);
+        cudaCheck(cudaGetLastError());
+        gpu_trace_end(span, 0, TRACE_COMPUTE, "scatter columns (apply)");
+    }
     cudaCheck(cudaEventRecord(st->kernel_done, 0));
     // the step of the apply counts the bytes uploaded for it, a prefetch's included (its job
     // was waited for before this call, and the next prefetch starts only after it)
@@ -520,6 +486,14 @@ static void zf_cuda_selection_changed(void* ctx, const ZenFlow* zf) {
         zf_set_table_put(&dev->cpu_tiles, k, c, zf_num_tiles(c));
         zf_set_table_put(&dev->cpu_chunks, k, c, zf_num_chunks(c));
     }
+    for (int g = 0; g <= own->num_groups; g++) {  // group g's CPU sets are [s0, s1): one range
+        const int s0 = g < own->num_groups ? own->group_start[g] : 0;
+        const int s1 = g < own->num_groups ? own->group_start[g + 1] : n;
+        const size_t end = s1 < n ? dev->cpu_tiles.h_sets[s1].packed_offset : own->cpu_elems;
+        const size_t at = s0 < s1 ? dev->cpu_tiles.h_sets[s0].packed_offset : end;  // (no matrices: none)
+        const long long* tiles = dev->cpu_tiles.h_blocks;
+        dev->groups[g] = ZfGroupRange{tiles[s0], tiles[s1] - tiles[s0], at, end - at};
+    }
     zf_set_table_upload(&dev->gpu, n);
     zf_set_table_upload(&dev->cpu_tiles, n);
     zf_set_table_upload(&dev->cpu_chunks, n);
@@ -582,10 +556,19 @@ static void zf_cuda_moments_from_host(void* ctx, const ZenFlow* zf, const float*
     dev->stats.h2d_bytes += 2LL * n * sizeof(float);
 }
 
-// selection and warm-up: the CPU-owned parameter columns to the host master (synchronous)
+// selection and warm-up: the CPU-owned parameter columns to the host master, through the
+// staging buffer once the device is idle (synchronous; a prefetch it held is gone)
 static void zf_cuda_params_to_host(void* ctx, const ZenFlow* zf, float* host) {
     ZfCudaDevice* dev = (ZfCudaDevice*)ctx;
-    zf_cuda_columns_to_host(dev, zf, dev->params_stage, dev->params, host, 1, -1);
+    const ZfGroupRange r = dev->groups[zf->own.num_groups];
+    if (r.n == 0) { return; }
+    cudaCheck(cudaDeviceSynchronize());  // no copy or kernel uses the staging buffers any more
+    dev->prefetched = 0;
+    zf_gather_columns_kernel<<<(unsigned)r.tiles, dim3(ZF_TILE, ZF_TILE_ROWS)>>>(dev->params_stage->buf, dev->params,
+                                                                               dev->cpu_tile_grid, 0);
+    cudaCheck(cudaGetLastError());
+    cudaCheck(cudaMemcpy(host, dev->params_stage->buf, r.n * sizeof(float), cudaMemcpyDeviceToHost));
+    dev->stats.d2h_bytes += (long long)(r.n * sizeof(float));
 }
 
 // ============================================================================
@@ -701,7 +684,9 @@ static void zf_cuda_grads_from_host(void* ctx, const ZenFlow* zf, const float* h
     if (st == dev->params_stage) { dev->prefetched = 0; }
     zf_cuda_upload(dev, zf, st, host, -1);
     cudaCheck(cudaStreamWaitEvent(0, st->h2d_done, 0));
-    zf_cuda_scatter(dev, zf, dev->grads, st, -1);
+    zf_scatter_columns_kernel<<<(unsigned)dev->groups[zf->own.num_groups].tiles, dim3(ZF_TILE, ZF_TILE_ROWS)>>>(
+        dev->grads, st->buf, dev->cpu_tile_grid, 0);
+    cudaCheck(cudaGetLastError());
     cudaCheck(cudaEventRecord(st->kernel_done, 0));
     cudaCheck(cudaDeviceSynchronize());
     dev->stats.h2d_bytes += __atomic_exchange_n(&dev->stats.uploaded_bytes, 0LL, __ATOMIC_RELAXED);
@@ -815,6 +800,7 @@ static void zf_cuda_init(ZenFlow* zf, ZfCudaDevice* dev, float* params, float* g
     zf_set_table_alloc(&dev->cpu_chunks, n);
     dev->order = (int*)cuda_malloc(own->total_cols * sizeof(int), "ZenFlow column order");
     dev->h_order = (int*)callocCheck(own->total_cols, sizeof(int));
+    dev->groups = (ZfGroupRange*)callocCheck(own->num_groups + 1, sizeof(ZfGroupRange));
     dev->gpu_grid = ZfGrid{dev->gpu.sets, dev->gpu.blocks, n, dev->order};
     dev->cpu_tile_grid = ZfGrid{dev->cpu_tiles.sets, dev->cpu_tiles.blocks, n, dev->order};
     dev->cpu_chunk_grid = ZfGrid{dev->cpu_chunks.sets, dev->cpu_chunks.blocks, n, dev->order};
@@ -910,6 +896,7 @@ static void zf_cuda_free(ZenFlow* zf, ZfCudaDevice* dev) {
                            dev->autou.partial};
     for (void* p : device_bufs) { cudaCheck(cudaFree(p)); }
     free(dev->h_order);
+    free(dev->groups);
     free(dev->host_moments);
     memset(dev, 0, sizeof(*dev));
 }

@@ -13,12 +13,10 @@ of every matrix, one transfer group after another (the embeddings, then layer 0,
 so that one layer's columns move in one copy. The model's working copy stays on the device in
 its own layout; the device (the backend, ZfBackend) gathers and scatters columns.
 
-The file reads in the order of one step with the default settings (zenflow, k 0.1, U 4,
-overlap, accumulation on the CPU, transfers layer by layer): the state, then the step itself,
-the two CPU jobs (cpu_adam.cpp's threads run them) and the waits. Each option enters the step
-through one named call and lives below the default step: warm-up, synchronous updates
-(offload, -zv 0), -za gpu, auto U; then setup, checkpoints and the command line.
-docs/teaching.md ("Inside the code") explains the threads, their waits and the pipelining.
+The file reads in the order of one default step (zenflow, k 0.1, U 4, overlap, accumulation on
+the CPU, transfers layer by layer): the state, the step, the two CPU jobs and the waits. Each
+option enters it through one named call and lives below it; then setup, checkpoints, the
+measurement and the command line. docs/teaching.md, section 5, explains the threads and waits.
 */
 #ifndef ZENFLOW_H
 #define ZENFLOW_H
@@ -98,11 +96,10 @@ typedef struct {
 
 struct ZenFlow;
 
-// What a device does, in the order a step calls it. `group`: -1 moves every CPU-owned
-// column at once, g >= 0 only transfer group g's (0 = wte and wpe, 1 + l = layer l's four
-// matrices). "asynchronous": the call may return before its copy is done; the host buffer may
-// then be read (after grads_to_host) or written (after params_from_host) only once host_wait
-// on it has returned. Entries marked optional may be NULL.
+// What a device does, in the order a step calls it. `group`: -1 moves every CPU-owned column,
+// g >= 0 transfer group g's (0: wte and wpe, 1 + l: layer l's four matrices). "asynchronous":
+// the host buffer may be read (grads_to_host) or written (params_from_host) only once
+// host_wait on it has returned. Entries marked optional may be NULL.
 typedef struct {
     void* ctx;
     // the step: zero the gradients before the backward (all = 0: only the GPU-owned parts,
@@ -114,7 +111,7 @@ typedef struct {
     void (*params_from_host)(void* ctx, const struct ZenFlow* zf, const float* host, int group);
     // optional: the updater thread starts the result's copy as soon as the update is done
     void (*params_prefetch)(void* ctx, const struct ZenFlow* zf, const float* host);
-    // optional: block until no copy into or out of this host buffer is in flight any more
+    // block until no copy into or out of this host buffer is in flight any more
     void (*host_wait)(void* ctx, const float* host);
     // optional: the main thread blocks from begin = 1 to begin = 0, a stall (spec 8)
     void (*host_blocks)(void* ctx, int begin);
@@ -203,10 +200,11 @@ typedef struct {  // the window (spec 4.5, 4.6)
     ZfWindowJob job;
 } ZfWindow;
 
-typedef struct {  // selection (4.2): the moments in the new layout, and all GPU moments before
-    int last_step;           // and after (vector_elems + gpu_capacity each), for migrations
-    int count;               // and checkpoints
+typedef struct {  // selection (4.2)
+    int last_step, count;    // the last selection's step; how many so far
     int moved_columns;       // columns that changed owner at the last selection
+    // the CPU's moments in the new layout (cpu_capacity each); all GPU moments before and after
+    // (vector_elems + gpu_capacity each), for migrations and checkpoints
     float *m_new, *v_new, *gpu_m_old, *gpu_v_old, *gpu_m_new, *gpu_v_new;
 } ZfSelection;
 
@@ -259,65 +257,44 @@ typedef struct ZenFlow {
     ZfStats stats;
 } ZenFlow;
 
-// ============================================================================
-// The default step
-// ============================================================================
-
-// the options' entry points, defined below the default step
-static inline int zf_in_warmup(const ZenFlow* zf, int t) { return t < zf->cfg.warmup; }
+// defined below: the options' entry points, the measurement's, and the CPU's two jobs
 static inline void zf_warmup_start(ZenFlow* zf);
 static inline void zf_step_synchronous(ZenFlow* zf, int t, int closes, ZfAdamHyper hyper);
-static inline void zf_gpu_sum_before_backward(ZenFlow* zf, int t);
+static inline void zf_gpu_sum_before_backward(ZenFlow* zf, int t, int may_leave);
 static inline void zf_step_gpu_sum(ZenFlow* zf, int t, int closes, ZfAdamHyper hyper);
 static inline void zf_apply_pending(ZenFlow* zf);
 static inline int zf_auto_closes(ZenFlow* zf, int n);
 static inline void zf_auto_end_step(ZenFlow* zf, int t, int closed);
 static inline void zf_log_selection(ZenFlow* zf, int t, int index, const float* scores);
-// the measurement: a wait of the main thread is a stall (spec 8); the CPU's work, timed
 static inline double zf_stall_begin(ZenFlow* zf);
 static inline void zf_stall_end(ZenFlow* zf, double t0, const char* what);
 static inline double zf_cpu_work_done(ZenFlow* zf, TraceTrack track, const char* what, double t0);
+static inline ZfJobFn zf_fault_injection(ZenFlow* zf, ZfJobFn fn, int s);
+static int zf_accumulate(void* arg);  // the CPU's two jobs, and the drain: at the end of the default step
+static int zf_window_update(void* arg);
+static inline void zf_drain(ZenFlow* zf);
 
-static inline void zf_host_wait(ZenFlow* zf, const float* host) {
-    if (zf->backend.host_wait != NULL) { zf->backend.host_wait(zf->backend.ctx, host); }
-}
+// ============================================================================
+// The default step
+// ============================================================================
 
 // ----------------------------------------------------------------------------
 // running and waiting for the CPU's jobs: the main thread waits only here
 
-static int zf_accumulate(void* arg);
-static int zf_window_update(void* arg);
-static inline ZfJobFn zf_fault_injection(ZenFlow* zf, ZfJobFn fn, int s);
-
-// A failed job stops training with one line naming its thread. Called every step (inside a
-// window the main thread may not wait for the updater at all) and after a wait that failed.
-// The accumulator first: a window update that waited for a failed accumulation fails too.
+// A failed job stops training with one line naming its thread; called every step and after a
+// failed wait. The accumulator first: an update that waited for a failed accumulation fails too.
 static inline void zf_check_workers(ZenFlow* zf) {
-    int status = zf_worker_error(zf->cpu.accumulator);
-    if (status != 0) {
-        fatal("the CPU accumulator failed with code %d (the accumulation of step %d)", status, zf->stats.failed_step);
-    }
+    int status = zf_worker_error(zf->cpu.accumulator), step = zf->stats.failed_step;
+    if (status != 0) { fatal("the CPU accumulator failed with code %d (the accumulation of step %d)", status, step); }
     status = zf_worker_error(zf->cpu.updater);
-    if (status != 0) {
-        fatal("the CPU updater failed with code %d (the window update handed over at step %d)", status,
-              zf->win.job.step);
-    }
+    step = zf->win.job.step;
+    if (status != 0) { fatal("the CPU updater failed with code %d (the window update handed over at step %d)", status, step); }
 }
 
-// Runs a job of step s on a worker thread (*ticket = its ticket) or, thread NULL, here and now
-static inline void zf_run_job(ZenFlow* zf, ZfWorker* thread, ZfJobFn fn, void* arg, ZfTicket* ticket, int s) {
-    const char* what = fn == zf_accumulate ? "accumulation" : "update";
+// hands a job of step s to a worker thread; *ticket: how to wait for it
+static inline void zf_submit_job(ZenFlow* zf, ZfWorker* thread, ZfJobFn fn, void* arg, ZfTicket* ticket, int s) {
     fn = zf_fault_injection(zf, fn, s);  // test hook (dev/test/test_failures.py): fn, or a job that fails
-    if (thread != NULL) {
-        *ticket = ZfTicket{thread, zf_worker_submit(thread, fn, arg)};
-        return;
-    }
-    double t0 = zf_stall_begin(zf);
-    int status = fn(arg);
-    zf_stall_end(zf, t0, "wait for CPU (synchronous)");
-    if (status != 0) {
-        fatal("step %d: the CPU %s failed with code %d", s, what, status);
-    }
+    *ticket = ZfTicket{thread, zf_worker_submit(thread, fn, arg)};
 }
 
 // waits for one job (and so every earlier one of its thread)
@@ -332,16 +309,6 @@ static inline void zf_wait_job(ZenFlow* zf, ZfTicket job) {
 // ----------------------------------------------------------------------------
 // before the backward pass of step t (spec 7), which ADDS into the gradient buffer
 
-// Takes the next landing buffer for this step's gradient columns; the job that read it last
-// (with overlap: two steps ago) must be done.
-static inline void zf_take_landing(ZenFlow* zf) {
-    ZfLanding* l = &zf->landing;
-    l->current = l->next;
-    l->next = (l->next + 1) % l->count;
-    zf_wait_job(zf, l->reader[l->current]);
-    l->reader[l->current] = zf_no_job;
-}
-
 // 4.2 does zf_step(t) select? At t == W, then at a window's start once S steps have passed.
 static inline int zf_selects_at(const ZenFlow* zf, int t) {
     const ZfConfig* cfg = &zf->cfg;
@@ -351,72 +318,54 @@ static inline int zf_selects_at(const ZenFlow* zf, int t) {
     return first || due;
 }
 
-// May this step's gradient columns leave layer by layer (the per-layer pipelining)? Only when
-// the ownership is known already: not at t = 0, not at a selection.
-static inline int zf_layers_may_leave(const ZenFlow* zf, int t) {
-    return zf->cfg.pipeline && t > 0 && !zf_selects_at(zf, t) && zf->own.cpu_elems > 0;
-}
-
-// Zeroes the gradient buffer and says where the layers' gradient columns go: the next landing
-// buffer, if it is free without waiting (waiting here would hold back the backward's launch).
+// Zeroes the gradients and takes this step's landing buffer (with overlap two take turns). The
+// layers' gradient columns may leave during the backward where the ownership is known (not at
+// t = 0 or a selection) and the buffer's last reader, two steps old, is done (no waiting here).
 static inline void zf_before_backward(ZenFlow* zf, int t) {
+    ZfLanding* l = &zf->landing;
+    const int may_leave = zf->cfg.pipeline && t > 0 && !zf_selects_at(zf, t) && zf->own.cpu_elems > 0;
+    zf->pipe.early_dest = NULL;
     if (zf->cfg.accumulate == ZF_ACCUMULATE_GPU) {  // option: -za gpu
-        zf_gpu_sum_before_backward(zf, t);
+        zf_gpu_sum_before_backward(zf, t, may_leave);
         return;
     }
     zf->backend.zero_grads(zf->backend.ctx, zf, 1);
-    zf->pipe.early_dest = NULL;
-    const ZfTicket reader = zf->landing.reader[zf->landing.next];
-    if (!zf_layers_may_leave(zf, t) || !zf_worker_finished(reader.thread, reader.ticket)) { return; }
-    zf_take_landing(zf);  // does not block: its job is done
-    zf->pipe.early_dest = zf->landing.buf[zf->landing.current];
+    l->current = l->next;
+    l->next = (l->next + 1) % l->count;
+    const ZfTicket reader = l->reader[l->current];
+    if (!may_leave || !zf_worker_finished(reader.thread, reader.ticket)) { return; }
+    l->reader[l->current] = zf_no_job;  // (done)
+    zf->pipe.early_dest = l->buf[l->current];
     zf->pipe.next_group = zf->own.num_groups - 1;
 }
 
 // ----------------------------------------------------------------------------
 // during the backward pass: a layer's gradient is final once its backward is done
 
-// Hook: the trainer calls this after each layer's backward (l = L - 1 down to 0): the layer's
-// transfer group, 1 + l, leaves
+// Hook: the trainer calls this after each layer's backward (l = L - 1 down to 0). The
+// gradients of layer l and every layer above it are final: their transfer groups leave.
 static inline void zf_backward_layer_done(ZenFlow* zf, int l) {
     ZfPipeline* p = &zf->pipe;
     if (p->early_dest == NULL) { return; }
-    if (1 + l != p->next_group) {
-        fatal("zf_backward_layer_done(%d): expected layer %d (the layers' backward runs from the last one down)",
-              l, p->next_group - 1);
+    for (; p->next_group >= 1 + l; p->next_group--) {
+        zf->backend.grads_to_host(zf->backend.ctx, zf, p->early_dest, p->next_group);
+        p->groups_out++;
     }
-    zf->backend.grads_to_host(zf->backend.ctx, zf, p->early_dest, 1 + l);
-    p->next_group--;
-    p->groups_out++;
 }
 
 // ----------------------------------------------------------------------------
 // the step: after the backward pass of step t has produced g_t
 
-// 4.4: g_t's CPU-owned columns (-za gpu: A) to `host`, all at once or what has not left yet
+// 4.4: g_t's CPU-owned columns (-za gpu: A) to `host`, all at once, or (into early_dest, the
+// same buffer) the groups that have not left during the backward: the embeddings', final last
 static inline void zf_grads_to_host(ZenFlow* zf, float* host) {
     if (zf->pipe.early_dest == NULL) {
         zf->backend.grads_to_host(zf->backend.ctx, zf, host, -1);
         return;
     }
-    // what has not left during the backward: the embeddings' group 0, whose gradient is final last
-    ZfPipeline* p = &zf->pipe;
-    for (; p->next_group >= 0; p->next_group--) {
-        zf->backend.grads_to_host(zf->backend.ctx, zf, host, p->next_group);
-        p->groups_out++;
-    }
-    p->early_dest = NULL;
+    zf_backward_layer_done(zf, -1);
+    zf->pipe.early_dest = NULL;
 }
-
-// 4.4: g_t's CPU-owned columns land on the host (those that have not already); returns where
-static inline float* zf_land_grads(ZenFlow* zf) {
-    if (zf->pipe.early_dest == NULL) { zf_take_landing(zf); }
-    float* g = zf->landing.buf[zf->landing.current];
-    zf_grads_to_host(zf, g);
-    return g;
-}
-
-static inline void zf_drain(ZenFlow* zf);
 
 // Lays out the packed buffers for the current ownership (cols_by_owner, n_sel), one transfer
 // group after another on both sides
@@ -516,17 +465,16 @@ static inline void zf_select(ZenFlow* zf, int t) {
     if (!fresh) { be->moments_from_host(be->ctx, zf, sel->gpu_m_new, sel->gpu_v_new); }  // (fresh: all zero there)
     // the master of the new CPU columns: after the drain the working copy holds every
     // column's current value (the GPU's own columns, and the CPU's applied ones)
-    zf_host_wait(zf, zf->cpu.master);  // the apply's copy has finished reading the old master
+    be->host_wait(be->ctx, zf->cpu.master);  // the apply's copy has finished reading the old master
     be->params_to_host(be->ctx, zf, zf->cpu.master);
     sel->last_step = t;
     sel->count++;
 }
 
-// 4.5 does step t close its window? After U steps (warm-up: every step; auto U: as the last
-// step's evaluation decided)
+// 4.5 does step t close its window? After U steps (warm-up: each step; auto U: as decided)
 static inline int zf_closes_window(ZenFlow* zf, int t) {
     const int n = zf->win.n + 1;
-    if (zf_in_warmup(zf, t)) { return 1; }
+    if (t < zf->cfg.warmup) { return 1; }  // option: warm-up
     if (zf->cfg.update_interval == ZF_AUTO) { return zf_auto_closes(zf, n); }  // option: auto U
     return n >= zf->cfg.update_interval;
 }
@@ -564,7 +512,7 @@ static inline void zf_wait_and_apply(ZenFlow* zf) {
 static inline void zf_submit_window(ZenFlow* zf, ZfTicket after, int n, int s, ZfAdamHyper hyper) {
     ZfWindow* w = &zf->win;
     w->job = ZfWindowJob{zf, w->acc_job, n, s, hyper, 1, after, 0.0};
-    zf_run_job(zf, zf->cpu.updater, zf_window_update, &w->job, &w->job_ticket, s);
+    zf_submit_job(zf, zf->cpu.updater, zf_window_update, &w->job, &w->job_ticket, s);
     w->pending = 1;
 }
 
@@ -589,11 +537,10 @@ static inline void zf_step(ZenFlow* zf, int t, ZfAdamHyper hyper) {
     // 4.3 the GPU updates its selected columns and the vectors, with g_t
     be->gpu_adam(be->ctx, zf, hyper, s);
 
-    // Whether this step closes the window (4.5) is known before the CPU's part starts. That
-    // part runs in the background (overlap), or here and now: offload, the warm-up's steps,
-    // -zv 0, and a CPU that owns nothing (adamw mode, k = 1).
+    // Whether the step closes the window (4.5) is known before the CPU's part, which runs in the
+    // background, or here and now: offload, warm-up, -zv 0, a CPU that owns nothing (adamw mode).
     const int closes = zf_closes_window(zf, t);
-    if (!zf->cfg.overlap || zf_in_warmup(zf, t) || zf->own.cpu_elems == 0) {  // option: synchronous
+    if (!zf->cfg.overlap || t < zf->cfg.warmup || zf->own.cpu_elems == 0) {  // option: synchronous
         zf_step_synchronous(zf, t, closes, hyper);
         return;
     }
@@ -601,12 +548,15 @@ static inline void zf_step(ZenFlow* zf, int t, ZfAdamHyper hyper) {
         zf_step_gpu_sum(zf, t, closes, hyper);
         return;
     }
-    // 4.4 accumulate: the accumulator thread adds g_t's CPU-owned columns into A
+    // 4.4 accumulate: g_t's CPU-owned columns land on the host, once the landing buffer's last
+    // reader is done, and the accumulator thread adds them into A
     ZfLanding* l = &zf->landing;
-    float* g = zf_land_grads(zf);
+    zf_wait_job(zf, l->reader[l->current]);
+    float* g = l->buf[l->current];
+    zf_grads_to_host(zf, g);
     ZfAccumulateJob* job = &l->jobs[l->current];
     *job = ZfAccumulateJob{zf, g, zf->win.acc, zf->own.cpu_elems, zf->win.n == 0};
-    zf_run_job(zf, zf->cpu.accumulator, zf_accumulate, job, &l->reader[l->current], s);
+    zf_submit_job(zf, zf->cpu.accumulator, zf_accumulate, job, &l->reader[l->current], s);
 
     // 4.5 the boundary: the window of n steps closes, and the next starts with n = 0
     const int n = zf_window_step(zf, t, closes);
@@ -624,7 +574,8 @@ static inline void zf_step(ZenFlow* zf, int t, ZfAdamHyper hyper) {
 // spec 4.4: A += g_t for the CPU-owned elements (A = 0 + g_t at a window's first step)
 static int zf_accumulate(void* arg) {
     ZfAccumulateJob* job = (ZfAccumulateJob*)arg;
-    zf_host_wait(job->zf, job->grads);  // the copy of g_t from the device has landed
+    const ZfBackend* be = &job->zf->backend;
+    be->host_wait(be->ctx, job->grads);  // the copy of g_t from the device has landed
     double t0 = now_ms();
     zf_cpu_accumulate(job->acc, job->grads, job->n, job->first);
     zf_cpu_work_done(job->zf, TRACE_CPU_ACCUMULATE, "accumulate", t0);
@@ -639,16 +590,15 @@ static int zf_window_update(void* arg) {
         int status = zf_worker_wait(job->after.thread, job->after.ticket);
         if (status != 0) { return status; }  // (zf_check_workers names the accumulator)
     }
-    zf_host_wait(zf, job->acc);         // -za gpu: A's copy from the device has landed
-    zf_host_wait(zf, zf->cpu.master);   // the previous result has left for the device
+    const ZfBackend* be = &zf->backend;
+    be->host_wait(be->ctx, job->acc);        // -za gpu: A's copy from the device has landed
+    be->host_wait(be->ctx, zf->cpu.master);  // the previous result has left for the device
     double t0 = now_ms();
     zf_cpu_adam_step_mean(zf->cpu.master, zf->cpu.m, zf->cpu.v, job->acc, job->count, zf->own.cpu_elems,
                           job->hyper, job->step);
     job->ms = zf_cpu_work_done(zf, TRACE_CPU_UPDATE, "window update", t0);
     // the result may start its way to the device now; it is applied at the next boundary
-    if (job->prefetch && zf->backend.params_prefetch != NULL) {
-        zf->backend.params_prefetch(zf->backend.ctx, zf, zf->cpu.master);
-    }
+    if (job->prefetch && be->params_prefetch != NULL) { be->params_prefetch(be->ctx, zf, zf->cpu.master); }
     return 0;
 }
 
@@ -691,7 +641,7 @@ static inline void zf_warmup_start(ZenFlow* zf) {
     for (int i = 0; i < zf->own.num_matrices; i++) { zf->own.matrices[i].n_sel = 0; }
     zf_layout(zf);
     zf->backend.selection_changed(zf->backend.ctx, zf);
-    zf_host_wait(zf, zf->cpu.master);
+    zf->backend.host_wait(zf->backend.ctx, zf->cpu.master);
     zf->backend.params_to_host(zf->backend.ctx, zf, zf->cpu.master);
     zf_stall_end(zf, t0, "warm-up: parameters to the host");
 }
@@ -712,26 +662,38 @@ static inline void zf_apply_sync(ZenFlow* zf) {
     zf->backend.params_from_host(zf->backend.ctx, zf, zf->cpu.master, -1);
 }
 
+// runs a job of step s here and now, while the device waits: a stall
+static inline void zf_run_now(ZenFlow* zf, ZfJobFn fn, void* arg, int s) {
+    const char* what = fn == zf_accumulate ? "accumulation" : "update";
+    fn = zf_fault_injection(zf, fn, s);
+    double t0 = zf_stall_begin(zf);
+    int status = fn(arg);
+    zf_stall_end(zf, t0, "wait for CPU (synchronous)");
+    if (status != 0) { fatal("step %d: the CPU %s failed with code %d", s, what, status); }
+}
+
 static inline void zf_step_synchronous(ZenFlow* zf, int t, int closes, ZfAdamHyper hyper) {
     ZfWindow* w = &zf->win;
     const int s = t + 1, on_cpu = zf->cfg.accumulate == ZF_ACCUMULATE_CPU;
     const float* sum = w->acc;  // A
     if (on_cpu && zf->own.cpu_elems > 0) {
-        const float* g = zf_land_grads(zf);
+        zf_wait_job(zf, zf->landing.reader[zf->landing.current]);
+        float* g = zf->landing.buf[zf->landing.current];
+        zf_grads_to_host(zf, g);
         if (closes && w->n == 0) {
             // a window of one step (offload, warm-up): A = 0 + g_t is g_t itself (a gradient is a
             // sum that starts from +0, so it is never -0, the one value 0 + g would change)
             sum = g;
         } else {
             ZfAccumulateJob job = {zf, g, w->acc, zf->own.cpu_elems, w->n == 0};
-            zf_run_job(zf, NULL, zf_accumulate, &job, NULL, s);
+            zf_run_now(zf, zf_accumulate, &job, s);
         }
     }
     const int n = zf_window_step(zf, t, closes);
     if (n == 0 || zf->own.cpu_elems == 0) { return; }  // (adamw mode: the CPU owns nothing)
     if (!on_cpu) { zf_grads_to_host(zf, w->acc); }       // -za gpu: A, once a window
     ZfWindowJob job = {zf, sum, n, s, hyper, 0, zf_no_job, 0.0};
-    zf_run_job(zf, NULL, zf_window_update, &job, NULL, s);
+    zf_run_now(zf, zf_window_update, &job, s);
     zf->stats.cpu_update_ms = job.ms;
     zf->stats.cpu_updates++;
     zf_apply_sync(zf);
@@ -759,10 +721,9 @@ static inline void zf_apply_pending(ZenFlow* zf) { zf_forward_layer(zf, zf->own.
 // backward adds g_t into the CPU-owned columns, which are not zeroed; A goes to the host once,
 // at the window's end (layer by layer during the last step's backward, if it may).
 
-static inline void zf_gpu_sum_before_backward(ZenFlow* zf, int t) {
+static inline void zf_gpu_sum_before_backward(ZenFlow* zf, int t, int may_leave) {
     zf->backend.zero_grads(zf->backend.ctx, zf, zf->win.n == 0);
-    zf->pipe.early_dest = NULL;
-    if (!zf_layers_may_leave(zf, t) || !zf_closes_window(zf, t)) { return; }
+    if (!may_leave || !zf_closes_window(zf, t)) { return; }
     // into acc: no job reads it any more (the window job that read it last, as acc_job, was
     // waited for at the previous boundary)
     zf->pipe.early_dest = zf->win.acc;
@@ -818,7 +779,7 @@ static int zf_auto_sum_job(void* arg) {
 // sums start (with accumulation on the CPU, after the step's accumulation, on its thread)
 static inline void zf_auto_end_step(ZenFlow* zf, int t, int closed) {
     ZfAutoU* a = &zf->autou;
-    if (zf_in_warmup(zf, t)) { return; }
+    if (t < zf->cfg.warmup) { return; }
     if (closed > 0) {
         a->close_next = 0;
         memset(a->c_sum, 0, zf->own.num_matrices * sizeof(double));
@@ -830,7 +791,11 @@ static inline void zf_auto_end_step(ZenFlow* zf, int t, int closed) {
     be->abs_sums(be->ctx, zf, a->sum_sel, on_cpu ? NULL : a->sum_cpu);
     if (on_cpu && zf->own.cpu_elems > 0) {
         a->sum_job = ZfAbsSumJob{zf, zf->win.acc};
-        zf_run_job(zf, zf->cpu.accumulator, zf_auto_sum_job, &a->sum_job, &a->job, t + 1);
+        if (zf->cpu.accumulator == NULL) {  // (no overlap)
+            zf_run_now(zf, zf_auto_sum_job, &a->sum_job, t + 1);
+        } else {
+            zf_submit_job(zf, zf->cpu.accumulator, zf_auto_sum_job, &a->sum_job, &a->job, t + 1);
+        }
     }
     a->pending = 1;
 }
@@ -1126,7 +1091,7 @@ static inline void zf_save_state(void* ctx, FILE* fp, const char* path) {
     }
     if (zf->win.n > 0 && zf->cfg.accumulate == ZF_ACCUMULATE_GPU) {
         be->grads_to_host(be->ctx, zf, zf->win.acc, -1);  // A lives in the gradient buffer (spec 7)
-        zf_host_wait(zf, zf->win.acc);
+        zf->backend.host_wait(zf->backend.ctx, zf->win.acc);
     }
     if (zf->win.n == 0) {
         memset(zf->win.acc, 0, own->cpu_elems * sizeof(float));  // no open window: A = 0
@@ -1162,8 +1127,8 @@ static inline void zf_load_state(void* ctx, FILE* fp, const char* path) {
     ZenFlow* zf = (ZenFlow*)ctx;
     ZfOwnership* own = &zf->own;
     zf_wait(zf);
-    zf_host_wait(zf, zf->cpu.master);
-    zf_host_wait(zf, zf->win.acc);
+    zf->backend.host_wait(zf->backend.ctx, zf->cpu.master);
+    zf->backend.host_wait(zf->backend.ctx, zf->win.acc);
     double topk;
     int ints[8], more[4];
     freadCheck(&topk, sizeof(double), 1, fp, path);

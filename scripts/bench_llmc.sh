@@ -42,15 +42,15 @@ STEPS=20
 NO_GPU_CHECK=0
 while [ $# -gt 0 ]; do
     case $1 in
+        --model) MODEL=$2; shift 2 ;;  # a stand-in's settings (make test's run)
+        --seq) T=$2; shift 2 ;;
+        --no-gpu-check) NO_GPU_CHECK=1; shift ;;
         --bin) BIN=$2; shift 2 ;;
         --out) OUT=$2; shift 2 ;;
         --batch) BATCHES=$2; shift 2 ;;
         --train) TRAIN=$2; shift 2 ;;
         --val) VAL=$2; shift 2 ;;
         --llmc-bin) LLMC_BIN=$2; shift 2 ;;
-        --model) MODEL=$2; shift 2 ;;
-        --seq) T=$2; shift 2 ;;
-        --no-gpu-check) NO_GPU_CHECK=1; shift ;;
         -h|--help) awk 'NR > 1 && !/^#/ { exit } NR > 1' "$0"; exit 0 ;;  # the comment on top
         *) echo "bench_llmc.sh: unknown argument $1 (hint: --help)" >&2; exit 2 ;;
     esac

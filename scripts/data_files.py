@@ -66,6 +66,12 @@ def exit_on_input_error():
         sys.exit(1)
 
 
+def split_label(item, default):
+    """A command line's "[label=]path": (label, path), the label `default` where none is given."""
+    label, sep, path = item.partition("=")
+    return (label, path) if sep else (default, item)
+
+
 @contextlib.contextmanager
 def one_line_errors(path, kind, hint="check the path"):
     """For scripts: a file that cannot be read or written, or that is not `kind` (a decode or

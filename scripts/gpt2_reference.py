@@ -597,6 +597,24 @@ def cmd_synth_shard(args):
     print(f"synth-shard: wrote {args.out}: {args.tokens} tokens < {args.vocab}")
 
 
+def add_batch_args(p):
+    """the model file, the data and the batch, as both references take them"""
+    p.add_argument("--model", required=True, help="v3 fp32 model file")
+    p.add_argument("--data", required=True, help="glob pattern of token shards")
+    p.add_argument("-b", "--batch-size", dest="B", type=int, required=True)
+    p.add_argument("-t", "--seq-len", dest="T", type=int, required=True)
+
+
+def add_adamw_args(p):
+    """N steps of AdamW with these settings (the trainers' defaults)"""
+    p.add_argument("--steps", type=int, required=True)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--wd", type=float, default=0.0)
+    p.add_argument("--beta1", type=float, default=0.9)
+    p.add_argument("--beta2", type=float, default=0.95)
+    p.add_argument("--eps", type=float, default=1e-8)
+
+
 def build_parser():
     parser = argparse.ArgumentParser(description="PyTorch reference GPT-2 (the oracle).")
     parser.add_argument("--threads", type=int, default=1,
@@ -614,25 +632,15 @@ def build_parser():
     p.add_argument("--seed", type=int, default=1337)
     p.set_defaults(func=cmd_init)
 
-    def add_data_args(p):
-        p.add_argument("--model", required=True, help="v3 fp32 model file")
-        p.add_argument("--data", required=True, help="glob pattern of token shards")
-        p.add_argument("-b", "--batch-size", dest="B", type=int, required=True)
-        p.add_argument("-t", "--seq-len", dest="T", type=int, required=True)
-        p.add_argument("--out", required=True)
-
     p = sub.add_parser("state", help="first batch, forward+backward -> debug state file")
-    add_data_args(p)
+    add_batch_args(p)
+    p.add_argument("--out", required=True)
     p.set_defaults(func=cmd_state)
 
     p = sub.add_parser("train", help="N steps with the hand AdamW -> losses text file")
-    add_data_args(p)
-    p.add_argument("--steps", type=int, required=True)
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--wd", type=float, default=0.0)
-    p.add_argument("--beta1", type=float, default=0.9)
-    p.add_argument("--beta2", type=float, default=0.95)
-    p.add_argument("--eps", type=float, default=1e-8)
+    add_batch_args(p)
+    p.add_argument("--out", required=True)
+    add_adamw_args(p)
     p.add_argument("--out-model", help="also write the final model here")
     p.add_argument("--quiet", action="store_true", help="no per-step line on stdout")
     p.set_defaults(func=cmd_train)

@@ -102,9 +102,7 @@ def main():
     args = ap.parse_args()
     runs = []
     for item in args.log:
-        label, sep, path = item.partition("=")
-        if not sep:
-            label, path = os.path.basename(os.path.dirname(os.path.abspath(item))), item
+        label, path = data_files.split_label(item, os.path.basename(os.path.dirname(os.path.abspath(item))))
         with data_files.one_line_errors(path, "a main.log or a trainer's output"):
             runs.append((label, read_log(path)))
     with data_files.one_line_errors(args.out, "a picture", "--out must be in a folder that exists"):

@@ -142,9 +142,7 @@ def main():
     args = ap.parse_args()
     traces = []
     for item in args.trace:
-        label, sep, path = item.partition("=")
-        if not sep:
-            label, path = os.path.basename(item), item
+        label, path = data_files.split_label(item, os.path.basename(item))
         with data_files.one_line_errors(path, "a trace file (-tr)"):
             traces.append((label, path, load(path)))
     with data_files.one_line_errors(args.out, "a picture", "--out must be in a folder that exists"):

@@ -470,16 +470,8 @@ def check_args(args):
 def main(argv=None):
     p = argparse.ArgumentParser(description="PyTorch reference of ZenFlow "
                                 "(docs/zenflow_spec.md) on the reference GPT-2.")
-    p.add_argument("--model", required=True, help="v3 fp32 model file")
-    p.add_argument("--data", required=True, help="glob pattern of token shards")
-    p.add_argument("-b", "--batch-size", dest="B", type=int, required=True)
-    p.add_argument("-t", "--seq-len", dest="T", type=int, required=True)
-    p.add_argument("--steps", type=int, required=True)
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--wd", type=float, default=0.0)
-    p.add_argument("--beta1", type=float, default=0.9)
-    p.add_argument("--beta2", type=float, default=0.95)
-    p.add_argument("--eps", type=float, default=1e-8)
+    ref.add_batch_args(p)
+    ref.add_adamw_args(p)
     p.add_argument("--mode", choices=["adamw", "offload", "zenflow"], required=True)
     p.add_argument("--topk", type=float, default=0.1, help="k (zenflow mode)")
     p.add_argument("--update-interval", type=int, default=4, help="U, 0 = auto (zenflow mode)")

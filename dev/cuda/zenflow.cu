@@ -298,7 +298,11 @@ static void benchmark(const char* spec, double k, uint64_t* rng) {
             cudaCheck(cudaGetLastError());
         });
         report_bandwidth("gather CPU-owned columns (read+write)", us, 2.0 * ce * 4);
-        us = benchmark_us(10, [&] { zf_cuda_scatter(&dev, &zf, d_params, dev.grads_stage, -1); });
+        us = benchmark_us(10, [&] {
+            zf_scatter_columns_kernel<<<(unsigned)tiles, dim3(ZF_TILE, ZF_TILE_ROWS)>>>(d_params, dev.grads_stage->buf,
+                                                                                      dev.cpu_tile_grid, 0);
+            cudaCheck(cudaGetLastError());
+        });
         report_bandwidth("scatter CPU-owned columns", us, 2.0 * ce * 4);
     }
     int s = 1;
