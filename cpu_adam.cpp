@@ -10,8 +10,8 @@
 //    that; the test compares against a reference that cannot be contracted, so a build
 //    without the flag fails it;
 //  - elements are independent, so how they are split over threads cannot change a result.
-//    Threads still get chunks of whole 16-float (64-byte) blocks so that two threads never
-//    write the same cache line (when the arrays are 64-byte aligned).
+//    Threads still get pieces of whole 64-byte cache lines (ZF_PIECE floats) so that two
+//    threads never write the same line (when the arrays are 64-byte aligned).
 #include "cpu_adam.h"
 
 #include "llmc/adamw.h"
