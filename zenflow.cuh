@@ -364,7 +364,7 @@ static void zf_cuda_grads_to_host(void* ctx, const ZenFlow* zf, float* host, int
     zf_cuda_copy(dev, st, host, r.at, r.n, 1, "gradient columns");
 }
 
-// zenflow.h's jobs call this before they touch a host buffer a copy may still be using
+// zenflow.h (its jobs, a selection) calls this before touching a host buffer a copy may use
 static void zf_cuda_host_wait(void* ctx, const float* host) {
     ZfCudaDevice* dev = (ZfCudaDevice*)ctx;
     for (int i = 0; i < dev->num_fences; i++) {

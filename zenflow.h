@@ -279,7 +279,7 @@ static inline void zf_drain(ZenFlow* zf);
 // ============================================================================
 
 // ----------------------------------------------------------------------------
-// running and waiting for the CPU's jobs: the main thread waits only here
+// running and waiting for the CPU's jobs (the drain, at the end, waits for all of them)
 
 // A failed job stops training with one line naming its thread; called every step and after a
 // failed wait. The accumulator first: an update that waited for a failed accumulation fails too.
@@ -548,8 +548,8 @@ static inline void zf_step(ZenFlow* zf, int t, ZfAdamHyper hyper) {
         zf_step_gpu_sum(zf, t, closes, hyper);
         return;
     }
-    // 4.4 accumulate: g_t's CPU-owned columns land on the host, once the landing buffer's last
-    // reader is done, and the accumulator thread adds them into A
+    // 4.4 accumulate: g_t's CPU-owned columns land on the host once the landing buffer's last
+    // reader is done (no wait if they left early), and the accumulator thread adds them into A
     ZfLanding* l = &zf->landing;
     zf_wait_job(zf, l->reader[l->current]);
     float* g = l->buf[l->current];
@@ -619,8 +619,8 @@ static inline void zf_wait(ZenFlow* zf) {
     zf->autou.job = zf_no_job;
 }
 
-// Afterwards no CPU job is running and the working copy holds every update, so an error
-// cannot go unreported and nothing is traced after the trainer closes the trace.
+// Finishes a synchronous update still going in layer by layer (none with overlap), applies the
+// pending window, waits for every job: no error goes unreported, nothing is traced after.
 static inline void zf_drain(ZenFlow* zf) {
     zf_apply_pending(zf);
     zf_wait_and_apply(zf);
