@@ -343,6 +343,7 @@ void attention_backward(float* dqkv, float* dpreatt, float* datt,  // (B,T,3C), 
                         const float* dout, const float* qkv, const float* att,
                         int B, int T, int C, int NH) {
     const int C3 = 3 * C, hs = C / NH;
+    const float scale = 1.0f / sqrtf((float)hs);
 #pragma omp parallel for collapse(2)
     for (int b = 0; b < B; b++) {
         for (int h = 0; h < NH; h++) {
@@ -367,7 +368,6 @@ void attention_backward(float* dqkv, float* dpreatt, float* datt,  // (B,T,3C), 
                 for (int t2 = 0; t2 <= t; t2++) { dot += a[t2] * da[t2]; }
                 for (int t2 = 0; t2 <= t; t2++) { dpre[t2] += a[t2] * (da[t2] - dot); }
                 // preatt = q.k * scale
-                const float scale = 1.0f / sqrtf((float)hs);
                 const float* q = qkv + ((size_t)b * T + t) * C3 + h * hs;
                 float* dq = dqkv + ((size_t)b * T + t) * C3 + h * hs;
                 for (int t2 = 0; t2 <= t; t2++) {

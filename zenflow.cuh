@@ -297,16 +297,19 @@ static void zf_cuda_zero_grads(void* ctx, const ZenFlow* zf, int all) {
 static void zf_cuda_gpu_adam(void* ctx, const ZenFlow* zf, ZfAdamHyper h, int step) {
     ZfCudaDevice* dev = (ZfCudaDevice*)ctx;
     const size_t V = zf->own.vector_elems;
-    const ZfGrid grids[2] = {dev->vector_grid, dev->gpu_grid};
-    const long long blocks[2] = {dev->vectors.h_blocks[zf->own.num_vectors], dev->gpu.h_blocks[dev->num_sets]};
-    const float decay[2] = {0.0f, h.weight_decay};
-    const size_t at[2] = {0, V};  // their moments
+    const long long vector_blocks = dev->vectors.h_blocks[zf->own.num_vectors];
+    const long long matrix_blocks = dev->gpu.h_blocks[dev->num_sets];
     int span = gpu_trace_begin(0);
-    for (int i = 0; i < 2; i++) {
-        if (blocks[i] == 0) { continue; }
-        AdamWConsts c = adamw_consts(h.lr, h.beta1, h.beta2, h.eps, decay[i], step);
-        zf_adam_columns_kernel<<<(unsigned)blocks[i], ZF_THREADS>>>(dev->params, dev->grads, dev->m + at[i],
-                                                                    dev->v + at[i], grids[i], c);
+    AdamWConsts vectors = adamw_consts(h.lr, h.beta1, h.beta2, h.eps, 0.0f, step);
+    if (vector_blocks > 0) {  // their moments come first in m, v
+        zf_adam_columns_kernel<<<(unsigned)vector_blocks, ZF_THREADS>>>(dev->params, dev->grads, dev->m, dev->v,
+                                                                        dev->vector_grid, vectors);
+        cudaCheck(cudaGetLastError());
+    }
+    AdamWConsts matrices = adamw_consts(h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, step);
+    if (matrix_blocks > 0) {
+        zf_adam_columns_kernel<<<(unsigned)matrix_blocks, ZF_THREADS>>>(dev->params, dev->grads, dev->m + V,
+                                                                        dev->v + V, dev->gpu_grid, matrices);
         cudaCheck(cudaGetLastError());
     }
     gpu_trace_end(span, 0, TRACE_COMPUTE, "GPU-side AdamW");
@@ -404,8 +407,8 @@ static void zf_cuda_params_prefetch(void* ctx, const ZenFlow* zf, const float* h
 // stream waits only for this group's copy, the later ones are still on their way
 static void zf_cuda_params_from_host(void* ctx, const ZenFlow* zf, const float* host, int group) {
     ZfCudaDevice* dev = (ZfCudaDevice*)ctx;
-    const ZfGroupRange r = dev->groups[group < 0 ? zf->own.num_groups : group];
     if (zf->own.cpu_elems == 0) { return; }
+    const ZfGroupRange r = dev->groups[group < 0 ? zf->own.num_groups : group];
     ZfStaging* st = dev->params_stage;
     if (!dev->prefetched) { zf_cuda_upload(dev, zf, st, host, group); }
     if (group < 0 || group == zf->own.num_groups - 1) { dev->prefetched = 0; }  // the transfer's last part

@@ -284,11 +284,14 @@ static inline void zf_drain(ZenFlow* zf);
 // A failed job stops training with one line naming its thread; called every step and after a
 // failed wait. The accumulator first: an update that waited for a failed accumulation fails too.
 static inline void zf_check_workers(ZenFlow* zf) {
-    int status = zf_worker_error(zf->cpu.accumulator), step = zf->stats.failed_step;
-    if (status != 0) { fatal("the CPU accumulator failed with code %d (the accumulation of step %d)", status, step); }
+    int status = zf_worker_error(zf->cpu.accumulator);
+    if (status != 0) {
+        fatal("the CPU accumulator failed with code %d (the accumulation of step %d)", status, zf->stats.failed_step);
+    }
     status = zf_worker_error(zf->cpu.updater);
-    step = zf->win.job.step;
-    if (status != 0) { fatal("the CPU updater failed with code %d (the window update handed over at step %d)", status, step); }
+    if (status != 0) {
+        fatal("the CPU updater failed with code %d (the window update handed over at step %d)", status, zf->win.job.step);
+    }
 }
 
 // hands a job of step s to a worker thread; *ticket: how to wait for it
@@ -365,6 +368,15 @@ static inline void zf_grads_to_host(ZenFlow* zf, float* host) {
     }
     zf_backward_layer_done(zf, -1);
     zf->pipe.early_dest = NULL;
+}
+
+// 4.4: g_t's CPU-owned columns land in this step's landing buffer, once its last reader is
+// done (no wait if they left early); returns it
+static inline float* zf_land_grads(ZenFlow* zf) {
+    ZfLanding* l = &zf->landing;
+    zf_wait_job(zf, l->reader[l->current]);
+    zf_grads_to_host(zf, l->buf[l->current]);
+    return l->buf[l->current];
 }
 
 // Lays out the packed buffers for the current ownership (cols_by_owner, n_sel), one transfer
@@ -548,12 +560,10 @@ static inline void zf_step(ZenFlow* zf, int t, ZfAdamHyper hyper) {
         zf_step_gpu_sum(zf, t, closes, hyper);
         return;
     }
-    // 4.4 accumulate: g_t's CPU-owned columns land on the host once the landing buffer's last
-    // reader is done (no wait if they left early), and the accumulator thread adds them into A
+    // 4.4 accumulate: g_t's CPU-owned columns land on the host, and the accumulator thread adds
+    // them into A
     ZfLanding* l = &zf->landing;
-    zf_wait_job(zf, l->reader[l->current]);
-    float* g = l->buf[l->current];
-    zf_grads_to_host(zf, g);
+    float* g = zf_land_grads(zf);
     ZfAccumulateJob* job = &l->jobs[l->current];
     *job = ZfAccumulateJob{zf, g, zf->win.acc, zf->own.cpu_elems, zf->win.n == 0};
     zf_submit_job(zf, zf->cpu.accumulator, zf_accumulate, job, &l->reader[l->current], s);
@@ -677,9 +687,7 @@ static inline void zf_step_synchronous(ZenFlow* zf, int t, int closes, ZfAdamHyp
     const int s = t + 1, on_cpu = zf->cfg.accumulate == ZF_ACCUMULATE_CPU;
     const float* sum = w->acc;  // A
     if (on_cpu && zf->own.cpu_elems > 0) {
-        zf_wait_job(zf, zf->landing.reader[zf->landing.current]);
-        float* g = zf->landing.buf[zf->landing.current];
-        zf_grads_to_host(zf, g);
+        const float* g = zf_land_grads(zf);
         if (closes && w->n == 0) {
             // a window of one step (offload, warm-up): A = 0 + g_t is g_t itself (a gradient is a
             // sum that starts from +0, so it is never -0, the one value 0 + g would change)
