@@ -206,8 +206,8 @@ static ZfRun zf_run(const char* dir, const ZfCase* c, ZfConfig z, int steps, con
         out.losses.push_back(zf_train_step(&model, &loader, &zf, t, case_hyper(&c->s), backward));
     }
     zf_drain(&zf);
-    out.groups_out = zf.pipe.groups_out;
-    out.groups_in = zf.pipe.groups_in;
+    out.groups_out = zf.stats.groups_out;
+    out.groups_in = zf.stats.groups_in;
     out.num_layers = model.config.num_layers;
     out.params.resize(model.num_parameters);
     gpt2_copy_params_to_host(&model, out.params.data());

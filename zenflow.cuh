@@ -34,26 +34,21 @@ typedef struct {
 } ZfColumnSet;
 
 // One side's sets as a kernel takes them: one flat grid of blocks over all sets, set s from
-// block start[s] on (a block is a tile or a chunk of a set, below)
+// block start[s] on (a block is a tile or a chunk of a set, below); selection_changed fills
+// the host mirrors and copies them up
 typedef struct {
-    const ZfColumnSet* sets;  // (num_sets) device
-    const long long* start;   // (num_sets + 1) device
+    ZfColumnSet* sets;     // (num_sets) device
+    long long* start;      // (num_sets + 1) device: the prefix sums of the sets' blocks
     int num_sets;
-    const int* order;         // (every matrix's cols) device
+    const int* order;      // (every matrix's cols) device
+    ZfColumnSet* h_sets;   // ... host mirrors of sets and start
+    long long* h_start;
 } ZfGrid;
 
 #define ZF_TILE 32                 // gather / scatter move 32 x 32 tiles ...
 #define ZF_TILE_ROWS 8             // ... with blocks of 32 x 8 threads
 #define ZF_THREADS 256             // threads per block of the element-wise kernels
 #define ZF_CHUNK (4 * ZF_THREADS)  // elements per block of the element-wise kernels
-
-// a grid's sets and block starts, with their host mirrors (selection_changed fills them)
-typedef struct {
-    ZfColumnSet* sets;     // (num_sets) device
-    long long* blocks;     // (num_sets + 1) device: the prefix sums of the sets' blocks
-    ZfColumnSet* h_sets;   // ... and their host mirrors
-    long long* h_blocks;
-} ZfSetTable;
 
 // a transfer group's CPU-owned columns (spec 7): one range of the CPU sets' tiles (gather,
 // scatter) and one of the packed buffers
@@ -117,8 +112,7 @@ typedef struct {
     // CPU's by tiles (gather, scatter) in transfer-group order (set k is matrix group_mats[k]);
     // the vectors', built once (they never change owner)
     int num_sets;  // = the number of matrices
-    ZfSetTable gpu, cpu_tiles, vectors;
-    ZfGrid gpu_grid, cpu_tile_grid, vector_grid;
+    ZfGrid gpu, cpu_tiles, vectors;
     ZfGroupRange* groups;  // (num_groups + 1) host: transfer group g's; [num_groups]: all of them
     // 4.3: the GPU's optimizer state: every vector, then each matrix's selected columns
     float* m;  // (vector_elems + gpu_capacity) device, row by row per matrix (see the top)
@@ -138,8 +132,7 @@ typedef struct {
     float* host_moments;   // (vector_elems + gpu_capacity) pinned host scratch for the layout change
     float* scores;         // (every matrix's cols) device, 4.2.2
     float* score_partial;  // (COLSUM_MAX_CHUNKS, the widest matrix's cols) device
-    ZfSetTable cpu_chunks;  // the CPU's sets by chunks (auto U)
-    ZfGrid cpu_chunk_grid;
+    ZfGrid cpu_chunks;     // the CPU's sets by chunks (auto U)
     ZfCudaAutoU autou;
     size_t staging_bytes, pinned_bytes;
     ZfCudaStats stats;
@@ -297,19 +290,19 @@ static void zf_cuda_zero_grads(void* ctx, const ZenFlow* zf, int all) {
 static void zf_cuda_gpu_adam(void* ctx, const ZenFlow* zf, ZfAdamHyper h, int step) {
     ZfCudaDevice* dev = (ZfCudaDevice*)ctx;
     const size_t V = zf->own.vector_elems;
-    const long long vector_blocks = dev->vectors.h_blocks[zf->own.num_vectors];
-    const long long matrix_blocks = dev->gpu.h_blocks[dev->num_sets];
+    const long long vector_blocks = dev->vectors.h_start[zf->own.num_vectors];
+    const long long matrix_blocks = dev->gpu.h_start[dev->num_sets];
     int span = gpu_trace_begin(0);
     AdamWConsts vectors = adamw_consts(h.lr, h.beta1, h.beta2, h.eps, 0.0f, step);
     if (vector_blocks > 0) {  // their moments come first in m, v
         zf_adam_columns_kernel<<<(unsigned)vector_blocks, ZF_THREADS>>>(dev->params, dev->grads, dev->m, dev->v,
-                                                                        dev->vector_grid, vectors);
+                                                                        dev->vectors, vectors);
         cudaCheck(cudaGetLastError());
     }
     AdamWConsts matrices = adamw_consts(h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, step);
     if (matrix_blocks > 0) {
         zf_adam_columns_kernel<<<(unsigned)matrix_blocks, ZF_THREADS>>>(dev->params, dev->grads, dev->m + V,
-                                                                        dev->v + V, dev->gpu_grid, matrices);
+                                                                        dev->v + V, dev->gpu, matrices);
         cudaCheck(cudaGetLastError());
     }
     gpu_trace_end(span, 0, TRACE_COMPUTE, "GPU-side AdamW");
@@ -359,7 +352,7 @@ static void zf_cuda_grads_to_host(void* ctx, const ZenFlow* zf, float* host, int
     if (st == dev->params_stage) { dev->prefetched = 0; }  // about to overwrite a prefetch
     int span = gpu_trace_begin(0);
     zf_gather_columns_kernel<<<(unsigned)r.tiles, dim3(ZF_TILE, ZF_TILE_ROWS)>>>(st->buf, dev->grads,
-                                                                               dev->cpu_tile_grid, r.first_tile);
+                                                                               dev->cpu_tiles, r.first_tile);
     cudaCheck(cudaGetLastError());
     gpu_trace_end(span, 0, TRACE_COMPUTE, "gather columns");
     cudaCheck(cudaEventRecord(st->kernel_done, 0));
@@ -376,9 +369,7 @@ static void zf_cuda_host_wait(void* ctx, const float* host) {
             return;
         }
     }
-    // not a buffer we copy asynchronously: wait for every copy, to be safe
-    cudaCheck(cudaStreamSynchronize(dev->d2h));
-    cudaCheck(cudaStreamSynchronize(dev->h2d));
+    fatal("zenflow.cuh: host_wait on a host buffer that no copy uses (not given a fence at init)");
 }
 
 // Packed CPU-owned columns of transfer group `group` (-1: all) from `host` into the staging
@@ -416,7 +407,7 @@ static void zf_cuda_params_from_host(void* ctx, const ZenFlow* zf, const float* 
     if (r.tiles > 0) {
         int span = gpu_trace_begin(0);
         zf_scatter_columns_kernel<<<(unsigned)r.tiles, dim3(ZF_TILE, ZF_TILE_ROWS)>>>(dev->params, st->buf,
-                                                                                    dev->cpu_tile_grid, r.first_tile);
+                                                                                    dev->cpu_tiles, r.first_tile);
         cudaCheck(cudaGetLastError());
         gpu_trace_end(span, 0, TRACE_COMPUTE, "scatter columns (apply)");
     }
@@ -456,18 +447,19 @@ static long long zf_num_chunks(const ZfColumnSet& s) {
     return ((long long)s.count * s.rows + ZF_CHUNK - 1) / ZF_CHUNK;
 }
 
-// set k of a table and its blocks (the prefix sums are built in order of k)
-static void zf_set_table_put(ZfSetTable* t, int k, ZfColumnSet s, long long blocks) {
+// set k of a grid and its blocks (the prefix sums are built in order of k)
+static void zf_grid_put(ZfGrid* t, int k, ZfColumnSet s, long long blocks) {
     t->h_sets[k] = s;
-    t->h_blocks[k + 1] = t->h_blocks[k] + blocks;
+    t->h_start[k + 1] = t->h_start[k] + blocks;
 }
 
-// copies a table's host mirror to the device (synchronous, on the default stream: kernels
+// copies a grid's host mirrors to the device (synchronous, on the default stream: kernels
 // still reading the old sets finish first)
-static void zf_set_table_upload(ZfSetTable* t, int n) {
-    if (t->h_blocks[n] >= (1LL << 31)) { fatal("zenflow.cuh: the model is too large for one grid (hint: a smaller model)"); }
+static void zf_grid_upload(ZfGrid* t) {
+    const int n = t->num_sets;
+    if (t->h_start[n] >= (1LL << 31)) { fatal("zenflow.cuh: the model is too large for one grid (hint: a smaller model)"); }
     cudaCheck(cudaMemcpy(t->sets, t->h_sets, n * sizeof(ZfColumnSet), cudaMemcpyHostToDevice));
-    cudaCheck(cudaMemcpy(t->blocks, t->h_blocks, (n + 1) * sizeof(long long), cudaMemcpyHostToDevice));
+    cudaCheck(cudaMemcpy(t->start, t->h_start, (n + 1) * sizeof(long long), cudaMemcpyHostToDevice));
 }
 
 // 4.2.4 the new ownership as column sets: the GPU's in matrix order, the CPU's in
@@ -480,26 +472,26 @@ static void zf_cuda_selection_changed(void* ctx, const ZenFlow* zf) {
         const ZfMatrix* mat = &own->matrices[i];
         memcpy(dev->h_order + mat->first_col, mat->cols_by_owner, mat->cols * sizeof(int));
         ZfColumnSet g = {mat->offset, mat->gpu_offset, mat->rows, mat->cols, mat->n_sel, mat->first_col};
-        zf_set_table_put(&dev->gpu, i, g, zf_num_chunks(g));
+        zf_grid_put(&dev->gpu, i, g, zf_num_chunks(g));
     }
     for (int k = 0; k < n; k++) {
         const ZfMatrix* mat = &own->matrices[own->group_mats[k]];
         ZfColumnSet c = {mat->offset, mat->cpu_offset, mat->rows, mat->cols, mat->cols - mat->n_sel,
                          mat->first_col + mat->n_sel};
-        zf_set_table_put(&dev->cpu_tiles, k, c, zf_num_tiles(c));
-        zf_set_table_put(&dev->cpu_chunks, k, c, zf_num_chunks(c));
+        zf_grid_put(&dev->cpu_tiles, k, c, zf_num_tiles(c));
+        zf_grid_put(&dev->cpu_chunks, k, c, zf_num_chunks(c));
     }
     for (int g = 0; g <= own->num_groups; g++) {  // group g's CPU sets are [s0, s1): one range
         const int s0 = g < own->num_groups ? own->group_start[g] : 0;
         const int s1 = g < own->num_groups ? own->group_start[g + 1] : n;
         const size_t end = s1 < n ? dev->cpu_tiles.h_sets[s1].packed_offset : own->cpu_elems;
         const size_t at = s0 < s1 ? dev->cpu_tiles.h_sets[s0].packed_offset : end;  // (no matrices: none)
-        const long long* tiles = dev->cpu_tiles.h_blocks;
+        const long long* tiles = dev->cpu_tiles.h_start;
         dev->groups[g] = ZfGroupRange{tiles[s0], tiles[s1] - tiles[s0], at, end - at};
     }
-    zf_set_table_upload(&dev->gpu, n);
-    zf_set_table_upload(&dev->cpu_tiles, n);
-    zf_set_table_upload(&dev->cpu_chunks, n);
+    zf_grid_upload(&dev->gpu);
+    zf_grid_upload(&dev->cpu_tiles);
+    zf_grid_upload(&dev->cpu_chunks);
     cudaCheck(cudaMemcpy(dev->order, dev->h_order, own->total_cols * sizeof(int), cudaMemcpyHostToDevice));
 }
 
@@ -568,7 +560,7 @@ static void zf_cuda_params_to_host(void* ctx, const ZenFlow* zf, float* host) {
     cudaCheck(cudaDeviceSynchronize());  // no copy or kernel uses the staging buffers any more
     dev->prefetched = 0;
     zf_gather_columns_kernel<<<(unsigned)r.tiles, dim3(ZF_TILE, ZF_TILE_ROWS)>>>(dev->params_stage->buf, dev->params,
-                                                                               dev->cpu_tile_grid, 0);
+                                                                               dev->cpu_tiles, 0);
     cudaCheck(cudaGetLastError());
     cudaCheck(cudaMemcpy(host, dev->params_stage->buf, r.n * sizeof(float), cudaMemcpyDeviceToHost));
     dev->stats.d2h_bytes += (long long)(r.n * sizeof(float));
@@ -600,8 +592,8 @@ static void zf_cuda_zero_columns(ZfCudaDevice* dev, ZfGrid grid, long long block
 }
 
 static void zf_cuda_zero_gpu_owned(ZfCudaDevice* dev, const ZenFlow* zf) {
-    zf_cuda_zero_columns(dev, dev->vector_grid, dev->vectors.h_blocks[zf->own.num_vectors]);
-    zf_cuda_zero_columns(dev, dev->gpu_grid, dev->gpu.h_blocks[dev->num_sets]);
+    zf_cuda_zero_columns(dev, dev->vectors, dev->vectors.h_start[zf->own.num_vectors]);
+    zf_cuda_zero_columns(dev, dev->gpu, dev->gpu.h_start[dev->num_sets]);
 }
 
 // ----------------------------------------------------------------------------
@@ -654,8 +646,8 @@ static void zf_cuda_abs_sums(void* ctx, const ZenFlow* zf, double* sel, double* 
     const int n = dev->num_sets;
     int span = gpu_trace_begin(0);
     for (int side = 0; side < (cpu != NULL ? 2 : 1); side++) {
-        const ZfGrid grid = side == 0 ? dev->gpu_grid : dev->cpu_chunk_grid;
-        long long total = (side == 0 ? dev->gpu.h_blocks : dev->cpu_chunks.h_blocks)[n];
+        const ZfGrid grid = side == 0 ? dev->gpu : dev->cpu_chunks;
+        long long total = (side == 0 ? dev->gpu.h_start : dev->cpu_chunks.h_start)[n];
         if (total > 0) {
             zf_abs_sum_partial_kernel<<<(unsigned)total, ZF_THREADS>>>(dev->autou.partial, dev->grads, grid);
             cudaCheck(cudaGetLastError());
@@ -688,7 +680,7 @@ static void zf_cuda_grads_from_host(void* ctx, const ZenFlow* zf, const float* h
     zf_cuda_upload(dev, zf, st, host, -1);
     cudaCheck(cudaStreamWaitEvent(0, st->h2d_done, 0));
     zf_scatter_columns_kernel<<<(unsigned)dev->groups[zf->own.num_groups].tiles, dim3(ZF_TILE, ZF_TILE_ROWS)>>>(
-        dev->grads, st->buf, dev->cpu_tile_grid, 0);
+        dev->grads, st->buf, dev->cpu_tiles, 0);
     cudaCheck(cudaGetLastError());
     cudaCheck(cudaEventRecord(st->kernel_done, 0));
     cudaCheck(cudaDeviceSynchronize());
@@ -741,18 +733,20 @@ static void zf_cuda_staging_free(ZfStaging* st) {
     cudaCheck(cudaEventDestroy(st->h2d_done));
 }
 
-static void zf_set_table_alloc(ZfSetTable* t, int n) {
+static void zf_grid_alloc(ZfGrid* t, int n, const int* order) {
+    t->num_sets = n;
+    t->order = order;
     t->sets = (ZfColumnSet*)cuda_malloc(n * sizeof(ZfColumnSet), "ZenFlow column sets");
-    t->blocks = (long long*)cuda_malloc((n + 1) * sizeof(long long), "ZenFlow column sets");
+    t->start = (long long*)cuda_malloc((n + 1) * sizeof(long long), "ZenFlow column sets");
     t->h_sets = (ZfColumnSet*)callocCheck(n, sizeof(ZfColumnSet));
-    t->h_blocks = (long long*)callocCheck(n + 1, sizeof(long long));
+    t->h_start = (long long*)callocCheck(n + 1, sizeof(long long));
 }
 
-static void zf_set_table_free(ZfSetTable* t) {
+static void zf_grid_free(ZfGrid* t) {
     cudaCheck(cudaFree(t->sets));
-    cudaCheck(cudaFree(t->blocks));
+    cudaCheck(cudaFree(t->start));
     free(t->h_sets);
-    free(t->h_blocks);
+    free(t->h_start);
 }
 
 // ZenFlow over a model's parameter and gradient buffers (device, file layout); free with
@@ -798,31 +792,27 @@ static void zf_cuda_init(ZenFlow* zf, ZfCudaDevice* dev, float* params, float* g
         max_cols = mat->cols > max_cols ? mat->cols : max_cols;
     }
     const int n = dev->num_sets;
-    zf_set_table_alloc(&dev->gpu, n);
-    zf_set_table_alloc(&dev->cpu_tiles, n);
-    zf_set_table_alloc(&dev->cpu_chunks, n);
     dev->order = (int*)cuda_malloc(own->total_cols * sizeof(int), "ZenFlow column order");
     dev->h_order = (int*)callocCheck(own->total_cols, sizeof(int));
     dev->groups = (ZfGroupRange*)callocCheck(own->num_groups + 1, sizeof(ZfGroupRange));
-    dev->gpu_grid = ZfGrid{dev->gpu.sets, dev->gpu.blocks, n, dev->order};
-    dev->cpu_tile_grid = ZfGrid{dev->cpu_tiles.sets, dev->cpu_tiles.blocks, n, dev->order};
-    dev->cpu_chunk_grid = ZfGrid{dev->cpu_chunks.sets, dev->cpu_chunks.blocks, n, dev->order};
+    zf_grid_alloc(&dev->gpu, n, dev->order);
+    zf_grid_alloc(&dev->cpu_tiles, n, dev->order);
+    zf_grid_alloc(&dev->cpu_chunks, n, dev->order);
     // the vectors' grid: vector i is a set of one column, 0, of n rows, its moments after
     // those of vectors 0 .. i-1
-    zf_set_table_alloc(&dev->vectors, own->num_vectors);
+    const int zero = 0;
+    dev->vector_order = (int*)cuda_malloc(sizeof(int), "ZenFlow column order");
+    cudaCheck(cudaMemcpy(dev->vector_order, &zero, sizeof(int), cudaMemcpyHostToDevice));
+    zf_grid_alloc(&dev->vectors, own->num_vectors, dev->vector_order);
     size_t at = 0;
     for (int i = 0; i < own->num_vectors; i++) {
         const ZfVector* vec = &own->vectors[i];
         if (vec->n >= (1ULL << 31)) { fatal("zenflow.cuh: a vector of %zu elements, too many for int", vec->n); }
         ZfColumnSet s = {vec->offset, at, (int)vec->n, 1, 1, 0};
-        zf_set_table_put(&dev->vectors, i, s, zf_num_chunks(s));
+        zf_grid_put(&dev->vectors, i, s, zf_num_chunks(s));
         at += vec->n;
     }
-    zf_set_table_upload(&dev->vectors, own->num_vectors);
-    const int zero = 0;
-    dev->vector_order = (int*)cuda_malloc(sizeof(int), "ZenFlow column order");
-    cudaCheck(cudaMemcpy(dev->vector_order, &zero, sizeof(int), cudaMemcpyHostToDevice));
-    dev->vector_grid = ZfGrid{dev->vectors.sets, dev->vectors.blocks, own->num_vectors, dev->vector_order};
+    zf_grid_upload(&dev->vectors);
 
     // the GPU's optimizer state (zero, like every moment before the first step)
     size_t g = own->vector_elems + own->gpu_capacity;
@@ -893,8 +883,8 @@ static void zf_cuda_free(ZenFlow* zf, ZfCudaDevice* dev) {
     }
     cudaCheck(cudaEventDestroy(dev->autou.done));
     mapped_free(dev->autou.host);
-    ZfSetTable* tables[] = {&dev->gpu, &dev->cpu_tiles, &dev->cpu_chunks, &dev->vectors};
-    for (ZfSetTable* t : tables) { zf_set_table_free(t); }
+    ZfGrid* grids[] = {&dev->gpu, &dev->cpu_tiles, &dev->cpu_chunks, &dev->vectors};
+    for (ZfGrid* g : grids) { zf_grid_free(g); }
     void* device_bufs[] = {dev->order, dev->vector_order, dev->m, dev->v, dev->scores, dev->score_partial,
                            dev->autou.partial};
     for (void* p : device_bufs) { cudaCheck(cudaFree(p)); }

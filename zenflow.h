@@ -113,8 +113,6 @@ typedef struct {
     void (*params_prefetch)(void* ctx, const struct ZenFlow* zf, const float* host);
     // block until no copy into or out of this host buffer is in flight any more
     void (*host_wait)(void* ctx, const float* host);
-    // optional: the main thread blocks from begin = 1 to begin = 0, a stall (spec 8)
-    void (*host_blocks)(void* ctx, int begin);
     // a selection (4.2): every matrix's column scores (sum over rows of g^2) into
     // scores[first_col ..]; the new ownership; the GPU's moments to and from zenflow.h's packed
     // layout (vectors, then each matrix's selected columns); the CPU-owned parameter columns down
@@ -123,8 +121,10 @@ typedef struct {
     void (*moments_to_host)(void* ctx, const struct ZenFlow* zf, float* m, float* v);
     void (*moments_from_host)(void* ctx, const struct ZenFlow* zf, const float* m, const float* v);
     void (*params_to_host)(void* ctx, const struct ZenFlow* zf, float* host);
-    // the options: auto U's sums of |g| per matrix (spec 6; asynchronous where abs_sums_wait is
-    // set), resuming -za gpu's open window
+    // the rest is not the default step's. The measurement (optional): the main thread blocks
+    // from begin = 1 to begin = 0, a stall (spec 8). The options: auto U's sums of |g| per
+    // matrix (spec 6; asynchronous where abs_sums_wait is set), resuming -za gpu's open window.
+    void (*host_blocks)(void* ctx, int begin);
     void (*abs_sums)(void* ctx, const struct ZenFlow* zf, double* sel, double* cpu);
     void (*abs_sums_wait)(void* ctx, const struct ZenFlow* zf);
     void (*grads_from_host)(void* ctx, const struct ZenFlow* zf, const float* host);
@@ -213,7 +213,6 @@ typedef struct {  // per-layer pipelining (spec 7)
     int next_group;          // ... the next to leave (num_groups - 1 down to 0)
     const float* apply_src;  // a synchronous update waits to be applied layer by layer (NULL: none)
     int next_apply_group;    // ... from this group on
-    long groups_out, groups_in;  // transfer groups moved layer by layer so far
 } ZfPipeline;
 
 // auto U's sum of |A| per matrix, on the accumulator thread after the step's accumulation
@@ -239,6 +238,7 @@ typedef struct {  // measurement and reporting
     long long cpu_work_us;   // all CPU optimizer work so far; both threads add (atomically)
     int stall_depth;         // zf_stall_begin's nesting (a selection drains the CPU side)
     int failed_step;         // the step whose accumulation a fault injection failed
+    long groups_out, groups_in;  // transfer groups moved layer by layer so far
     FILE* selection_log;     // cfg.selection_log, open
     double host_need_mib, host_available_mib;  // the host-memory check at init ...
     const char* host_source;                   // ... and where the second figure comes from
@@ -352,7 +352,7 @@ static inline void zf_backward_layer_done(ZenFlow* zf, int l) {
     if (p->early_dest == NULL) { return; }
     for (; p->next_group >= 1 + l; p->next_group--) {
         zf->backend.grads_to_host(zf->backend.ctx, zf, p->early_dest, p->next_group);
-        p->groups_out++;
+        zf->stats.groups_out++;
     }
 }
 
@@ -715,7 +715,7 @@ static inline void zf_forward_layer(ZenFlow* zf, int l) {
     if (p->apply_src == NULL) { return; }
     for (; p->next_apply_group <= 1 + l && p->next_apply_group < zf->own.num_groups; p->next_apply_group++) {
         zf->backend.params_from_host(zf->backend.ctx, zf, p->apply_src, p->next_apply_group);
-        p->groups_in++;
+        zf->stats.groups_in++;
     }
     if (p->next_apply_group == zf->own.num_groups) { p->apply_src = NULL; }
 }

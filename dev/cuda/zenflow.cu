@@ -291,16 +291,16 @@ static void benchmark(const char* spec, double k, uint64_t* rng) {
     const double ce = (double)zf.own.cpu_elems, ge = (double)zf.own.gpu_sel_elems + zf.own.vector_elems;
     float us;
     if (zf.own.cpu_elems > 0) {
-        long long tiles = dev.cpu_tiles.h_blocks[dev.num_sets];
+        long long tiles = dev.cpu_tiles.h_start[dev.num_sets];
         us = benchmark_us(10, [&] {
             zf_gather_columns_kernel<<<(unsigned)tiles, dim3(ZF_TILE, ZF_TILE_ROWS)>>>(dev.grads_stage->buf, d_grads,
-                                                                                     dev.cpu_tile_grid, 0);
+                                                                                     dev.cpu_tiles, 0);
             cudaCheck(cudaGetLastError());
         });
         report_bandwidth("gather CPU-owned columns (read+write)", us, 2.0 * ce * 4);
         us = benchmark_us(10, [&] {
             zf_scatter_columns_kernel<<<(unsigned)tiles, dim3(ZF_TILE, ZF_TILE_ROWS)>>>(d_params, dev.grads_stage->buf,
-                                                                                      dev.cpu_tile_grid, 0);
+                                                                                      dev.cpu_tiles, 0);
             cudaCheck(cudaGetLastError());
         });
         report_bandwidth("scatter CPU-owned columns", us, 2.0 * ce * 4);

@@ -289,8 +289,8 @@ static Run run(const char* dir, const ZfCase* c, ZfConfig z, int kind, const cha
     }
     zf_drain(&zf);
     out.params.assign(model.params_memory, model.params_memory + model.num_parameters);
-    out.groups_out = zf.pipe.groups_out;
-    out.groups_in = zf.pipe.groups_in;
+    out.groups_out = zf.stats.groups_out;
+    out.groups_in = zf.stats.groups_in;
     zf_wait(&zf);
     lazy_check_upload(dev, "end of the run");
     zf_cpu_free(&zf, &dev->cpu);
