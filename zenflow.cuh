@@ -369,7 +369,9 @@ static void zf_cuda_host_wait(void* ctx, const float* host) {
             return;
         }
     }
-    fatal("zenflow.cuh: host_wait on a host buffer that no copy uses (not given a fence at init)");
+    // not a buffer we copy asynchronously: wait for every copy, to be safe
+    cudaCheck(cudaStreamSynchronize(dev->d2h));
+    cudaCheck(cudaStreamSynchronize(dev->h2d));
 }
 
 // Packed CPU-owned columns of transfer group `group` (-1: all) from `host` into the staging
