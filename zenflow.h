@@ -14,9 +14,11 @@ so that one layer's columns move in one copy. The model's working copy stays on 
 its own layout; the device (the backend, ZfBackend) gathers and scatters columns.
 
 The file reads in the order of one default step (zenflow, k 0.1, U 4, overlap, accumulation on
-the CPU, transfers layer by layer): the state, the step, the two CPU jobs and the waits. Each
-option enters it through one named call and lives below it; then setup, checkpoints, the
-measurement and the command line. docs/teaching.md, section 5, explains the threads and waits.
+the CPU, transfers layer by layer): the state; how jobs are run and waited for; before and
+during the backward; the selection, the boundary and zf_step itself; the two CPU jobs; the
+drain. Each option enters through one named call and lives below; then setup, checkpoints,
+the measurement and the command line. docs/teaching.md, section 5, explains the threads and
+waits.
 */
 #ifndef ZENFLOW_H
 #define ZENFLOW_H
@@ -183,6 +185,8 @@ typedef struct {  // the CPU side (spec 3, 5)
     int updater_threads, accumulator_threads;  // their OpenMP teams (0: no such thread)
 } ZfCpuSide;
 
+// With overlap the two buffers take turns, one step each: a step's buffer was last read by
+// the accumulation of two steps before, usually done by then, so the columns leave at once.
 typedef struct {  // where g_t's CPU-owned columns land on the host (accumulation on the CPU)
     int count;               // 2 with overlap, used in turns; else 1
     float* buf[2];           // (cpu_capacity)
@@ -300,7 +304,9 @@ static inline void zf_submit_job(ZenFlow* zf, ZfWorker* thread, ZfJobFn fn, void
     *ticket = ZfTicket{thread, zf_worker_submit(thread, fn, arg)};
 }
 
-// waits for one job (and so every earlier one of its thread)
+// waits for one job (and so every earlier one of its thread). While the main thread blocks
+// here the GPU gets no new work: the time the GPU then idles is a stall (spec 8), which
+// zf_stall_begin and zf_stall_end measure (with the backend, at the end of this file).
 static inline void zf_wait_job(ZenFlow* zf, ZfTicket job) {
     if (job.ticket < 0) { return; }
     double t0 = zf_stall_begin(zf);
@@ -396,7 +402,8 @@ static inline void zf_layout(ZenFlow* zf) {
 }
 
 // where a matrix's column of rank r in cols_by_owner keeps its (m, v): *on_gpu = 1, in the
-// GPU's packed moments (after the vectors'); else in the CPU's packed buffers
+// host copy of the GPU's moments (after the vectors'; column by column like the CPU's: the
+// backend transposes its by-row layout on the way); else in the CPU's packed buffers
 static inline size_t zf_moments_at(const ZfMatrix* mat, int r, size_t vector_elems, int* on_gpu) {
     *on_gpu = r < mat->n_sel;
     if (*on_gpu) { return vector_elems + mat->gpu_offset + (size_t)r * mat->rows; }
@@ -601,7 +608,7 @@ static int zf_window_update(void* arg) {
         if (status != 0) { return status; }  // (zf_check_workers names the accumulator)
     }
     const ZfBackend* be = &zf->backend;
-    be->host_wait(be->ctx, job->acc);        // -za gpu: A's copy from the device has landed
+    be->host_wait(be->ctx, job->acc);        // -za gpu: A's copy has landed (else none: at once)
     be->host_wait(be->ctx, zf->cpu.master);  // the previous result has left for the device
     double t0 = now_ms();
     zf_cpu_adam_step_mean(zf->cpu.master, zf->cpu.m, zf->cpu.v, job->acc, job->count, zf->own.cpu_elems,
