@@ -1028,7 +1028,7 @@ static const float* model_params(void* ctx) {
 static void model_stop(void* ctx) {
     GPT2* model = (GPT2*)ctx;
     zf_apply_pending(model->zf);
-    zf_wait(model->zf);
+    zf_wait_idle(model->zf);
 }
 
 static void model_finish(void* ctx) { zf_drain(((GPT2*)ctx)->zf); }  // spec 4.7

@@ -500,7 +500,7 @@ static const float* model_params(void* ctx) {
 }
 
 static void model_stop(void* ctx) {
-    zf_wait(((GPT2*)ctx)->zf);
+    zf_wait_idle(((GPT2*)ctx)->zf);
     gpu_trace_close();  // the GPU's spans into the trace, before run_dir_stop closes it
 }
 

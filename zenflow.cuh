@@ -865,7 +865,7 @@ static void zf_cuda_init(ZenFlow* zf, ZfCudaDevice* dev, float* params, float* g
 }
 
 static void zf_cuda_free(ZenFlow* zf, ZfCudaDevice* dev) {
-    zf_wait(zf);  // no job may touch the device or a pinned buffer any more
+    zf_wait_idle(zf);  // no job may touch the device or a pinned buffer any more
     cudaCheck(cudaDeviceSynchronize());
     for (int i = 0; i < dev->num_fences; i++) {
         if (dev->fences[i].pinned) { cudaCheck(cudaHostUnregister((void*)dev->fences[i].host)); }

@@ -190,7 +190,7 @@ typedef struct {  // the CPU side (spec 3, 5)
 typedef struct {  // where g_t's CPU-owned columns land on the host (accumulation on the CPU)
     int count;               // 2 with overlap, used in turns; else 1
     float* buf[2];           // (cpu_capacity)
-    ZfTicket reader[2];      // the last job that reads buf[i]
+    ZfTicket last_reader[2]; // the last job that reads buf[i]
     ZfAccumulateJob jobs[2]; // ... the accumulation reading buf[i]
     int next, current;       // the one to take next; this step's
 } ZfLanding;
@@ -341,9 +341,9 @@ static inline void zf_before_backward(ZenFlow* zf, int t) {
     zf->backend.zero_grads(zf->backend.ctx, zf, 1);
     l->current = l->next;
     l->next = (l->next + 1) % l->count;
-    const ZfTicket reader = l->reader[l->current];
+    const ZfTicket reader = l->last_reader[l->current];
     if (!may_leave || !zf_worker_finished(reader.thread, reader.ticket)) { return; }
-    l->reader[l->current] = zf_no_job;  // (done)
+    l->last_reader[l->current] = zf_no_job;  // (done)
     zf->pipe.early_dest = l->buf[l->current];
     zf->pipe.next_group = zf->own.num_groups - 1;
 }
@@ -380,7 +380,7 @@ static inline void zf_grads_to_host(ZenFlow* zf, float* host) {
 // done (no wait if they left early); returns it
 static inline float* zf_land_grads(ZenFlow* zf) {
     ZfLanding* l = &zf->landing;
-    zf_wait_job(zf, l->reader[l->current]);
+    zf_wait_job(zf, l->last_reader[l->current]);
     zf_grads_to_host(zf, l->buf[l->current]);
     return l->buf[l->current];
 }
@@ -573,7 +573,7 @@ static inline void zf_step(ZenFlow* zf, int t, ZfAdamHyper hyper) {
     float* g = zf_land_grads(zf);
     ZfAccumulateJob* job = &l->jobs[l->current];
     *job = ZfAccumulateJob{zf, g, zf->win.acc, zf->own.cpu_elems, zf->win.n == 0};
-    zf_submit_job(zf, zf->cpu.accumulator, zf_accumulate, job, &l->reader[l->current], s);
+    zf_submit_job(zf, zf->cpu.accumulator, zf_accumulate, job, &l->last_reader[l->current], s);
 
     // 4.5 the boundary: the window of n steps closes, and the next starts with n = 0
     const int n = zf_window_step(zf, t, closes);
@@ -582,7 +582,7 @@ static inline void zf_step(ZenFlow* zf, int t, ZfAdamHyper hyper) {
     // buffer) and hand it to the updater, which starts once this step's accumulation is done
     zf_wait_and_apply(zf);
     std::swap(zf->win.acc, zf->win.acc_job);
-    zf_submit_window(zf, l->reader[l->current], n, s, hyper);
+    zf_submit_window(zf, l->last_reader[l->current], n, s, hyper);
 }
 
 // ----------------------------------------------------------------------------
@@ -624,7 +624,7 @@ static int zf_window_update(void* arg) {
 
 // waits until the CPU threads are idle: every job submitted so far has finished (a window
 // update waiting to be applied stays pending)
-static inline void zf_wait(ZenFlow* zf) {
+static inline void zf_wait_idle(ZenFlow* zf) {
     if (zf->cpu.updater == NULL) { return; }
     zf_wait_window(zf);
     double t0 = zf_stall_begin(zf);
@@ -632,7 +632,7 @@ static inline void zf_wait(ZenFlow* zf) {
     status |= zf_worker_drain(zf->cpu.updater);
     zf_stall_end(zf, t0, "wait for CPU");
     if (status != 0) { zf_check_workers(zf); }
-    zf->landing.reader[0] = zf->landing.reader[1] = zf_no_job;
+    zf->landing.last_reader[0] = zf->landing.last_reader[1] = zf_no_job;
     zf->autou.job = zf_no_job;
 }
 
@@ -641,7 +641,7 @@ static inline void zf_wait(ZenFlow* zf) {
 static inline void zf_drain(ZenFlow* zf) {
     zf_apply_pending(zf);
     zf_wait_and_apply(zf);
-    zf_wait(zf);
+    zf_wait_idle(zf);
 }
 
 // ============================================================================
@@ -1012,7 +1012,7 @@ static inline void zf_init(ZenFlow* zf, ZfConfig cfg, const GPT2Config* model, Z
     memset(zf, 0, sizeof(*zf));
     zf->cfg = cfg = zf_effective_config(cfg);
     zf->backend = backend;
-    zf->win.job_ticket = zf->landing.reader[0] = zf->landing.reader[1] = zf->autou.job = zf_no_job;
+    zf->win.job_ticket = zf->landing.last_reader[0] = zf->landing.last_reader[1] = zf->autou.job = zf_no_job;
     zf->sel.last_step = -1;
     if (cfg.topk < 0.0 || cfg.topk > 1.0) { fatal("flag -zk: topk ratio %g is not in [0, 1]", cfg.topk); }
     if (cfg.update_interval < 0) { fatal("flag -zu: update interval must be >= 1, or auto"); }
@@ -1100,7 +1100,7 @@ static inline void zf_save_state(void* ctx, FILE* fp, const char* path) {
     const ZfBackend* be = &zf->backend;
     const ZfOwnership* own = &zf->own;
     zf_apply_pending(zf);  // (the trainer has done this before it saved the model's parameters)
-    zf_wait(zf);  // every job has finished (a window update waiting to be applied stays pending)
+    zf_wait_idle(zf);  // every job has finished (a window update waiting to be applied stays pending)
     if (zf->cfg.update_interval == ZF_AUTO) {
         zf_auto_closes(zf, zf->win.n + 1);  // auto U: the last step's evaluation, so that it is in the file
     }
@@ -1141,7 +1141,7 @@ static inline void zf_save_state(void* ctx, FILE* fp, const char* path) {
 static inline void zf_load_state(void* ctx, FILE* fp, const char* path) {
     ZenFlow* zf = (ZenFlow*)ctx;
     ZfOwnership* own = &zf->own;
-    zf_wait(zf);
+    zf_wait_idle(zf);
     zf->backend.host_wait(zf->backend.ctx, zf->cpu.master);
     zf->backend.host_wait(zf->backend.ctx, zf->win.acc);
     double topk;
@@ -1216,7 +1216,7 @@ static inline void zf_load_state(void* ctx, FILE* fp, const char* path) {
         be->grads_from_host(be->ctx, zf, zf->win.acc);  // the open window's A, back where it lives
     }
     zf->landing.next = 0;
-    zf->landing.reader[0] = zf->landing.reader[1] = zf_no_job;
+    zf->landing.last_reader[0] = zf->landing.last_reader[1] = zf_no_job;
     zf->pipe.early_dest = NULL;
     zf->pipe.apply_src = NULL;
 }

@@ -267,7 +267,7 @@ static Run run(const char* dir, const ZfCase* c, ZfConfig z, int kind, const cha
             std::vector<float> params(model.params_memory, model.params_memory + model.num_parameters);
             FILE* log = zf.stats.selection_log;
             zf.stats.selection_log = NULL;
-            zf_wait(&zf);
+            zf_wait_idle(&zf);
             lazy_check_upload(dev, "checkpoint");
             zf_cpu_free(&zf, &dev->cpu);
             delete dev;
@@ -291,7 +291,7 @@ static Run run(const char* dir, const ZfCase* c, ZfConfig z, int kind, const cha
     out.params.assign(model.params_memory, model.params_memory + model.num_parameters);
     out.groups_out = zf.stats.groups_out;
     out.groups_in = zf.stats.groups_in;
-    zf_wait(&zf);
+    zf_wait_idle(&zf);
     lazy_check_upload(dev, "end of the run");
     zf_cpu_free(&zf, &dev->cpu);
     delete dev;
