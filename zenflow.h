@@ -608,7 +608,8 @@ static int zf_window_update(void* arg) {
         if (status != 0) { return status; }  // (zf_check_workers names the accumulator)
     }
     const ZfBackend* be = &zf->backend;
-    be->host_wait(be->ctx, job->acc);        // -za gpu: A's copy has landed (else none: at once)
+    // A's copy from the device has landed (-za gpu; a synchronous window of one step: A is g_t)
+    be->host_wait(be->ctx, job->acc);
     be->host_wait(be->ctx, zf->cpu.master);  // the previous result has left for the device
     double t0 = now_ms();
     zf_cpu_adam_step_mean(zf->cpu.master, zf->cpu.m, zf->cpu.v, job->acc, job->count, zf->own.cpu_elems,
