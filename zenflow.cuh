@@ -98,7 +98,7 @@ typedef struct {
 // writes them into mapped host memory (no copy: it would queue behind the gradients leaving)
 typedef struct {
     double* partial;   // (most chunks either side can have) device
-    double* host;      // (2 num_sets) mapped pinned host memory ...
+    double* host;      // (2 num_matrices) mapped pinned host memory ...
     double* mapped;    // ... and the address the kernel writes it at
     double *sel, *cpu; // where the last abs_sums call wants them (cpu may be NULL)
     cudaEvent_t done;
@@ -111,7 +111,6 @@ typedef struct {
     // the column sets (selection_changed): the GPU's by chunks (AdamW) in matrix order; the
     // CPU's by tiles (gather, scatter) in transfer-group order (set k is matrix group_mats[k]);
     // the vectors', built once (they never change owner)
-    int num_sets;  // = the number of matrices
     ZfGrid gpu, cpu_tiles, vectors;
     ZfGroupRange* groups;  // (num_groups + 1) host: transfer group g's; [num_groups]: all of them
     // 4.3: the GPU's optimizer state: every vector, then each matrix's selected columns
@@ -272,12 +271,12 @@ __global__ void zf_scatter_columns_kernel(float* __restrict__ full,          // 
 // ----------------------------------------------------------------------------
 // before the backward pass (spec 7): zero the gradients
 
-static void zf_cuda_zero_gpu_owned(ZfCudaDevice* dev, const ZenFlow* zf);
+static void zf_cuda_zero_gpu_owned(ZfCudaDevice* dev);
 
 static void zf_cuda_zero_grads(void* ctx, const ZenFlow* zf, int all) {
     ZfCudaDevice* dev = (ZfCudaDevice*)ctx;
     if (!all) {  // option: -za gpu inside a window, only the GPU-owned ones
-        zf_cuda_zero_gpu_owned(dev, zf);
+        zf_cuda_zero_gpu_owned(dev);
         return;
     }
     cudaCheck(cudaMemsetAsync(dev->grads, 0, dev->num_parameters * sizeof(float), 0));
@@ -290,8 +289,8 @@ static void zf_cuda_zero_grads(void* ctx, const ZenFlow* zf, int all) {
 static void zf_cuda_gpu_adam(void* ctx, const ZenFlow* zf, ZfAdamHyper h, int step) {
     ZfCudaDevice* dev = (ZfCudaDevice*)ctx;
     const size_t V = zf->own.vector_elems;
-    const long long vector_blocks = dev->vectors.h_start[zf->own.num_vectors];
-    const long long matrix_blocks = dev->gpu.h_start[dev->num_sets];
+    const long long vector_blocks = dev->vectors.h_start[dev->vectors.num_sets];
+    const long long matrix_blocks = dev->gpu.h_start[dev->gpu.num_sets];
     int span = gpu_trace_begin(0);
     AdamWConsts vectors = adamw_consts(h.lr, h.beta1, h.beta2, h.eps, 0.0f, step);
     if (vector_blocks > 0) {  // their moments come first in m, v
@@ -450,18 +449,18 @@ static long long zf_num_chunks(const ZfColumnSet& s) {
 }
 
 // set k of a grid and its blocks (the prefix sums are built in order of k)
-static void zf_grid_put(ZfGrid* t, int k, ZfColumnSet s, long long blocks) {
-    t->h_sets[k] = s;
-    t->h_start[k + 1] = t->h_start[k] + blocks;
+static void zf_grid_put(ZfGrid* g, int k, ZfColumnSet s, long long blocks) {
+    g->h_sets[k] = s;
+    g->h_start[k + 1] = g->h_start[k] + blocks;
 }
 
 // copies a grid's host mirrors to the device (synchronous, on the default stream: kernels
 // still reading the old sets finish first)
-static void zf_grid_upload(ZfGrid* t) {
-    const int n = t->num_sets;
-    if (t->h_start[n] >= (1LL << 31)) { fatal("zenflow.cuh: the model is too large for one grid (hint: a smaller model)"); }
-    cudaCheck(cudaMemcpy(t->sets, t->h_sets, n * sizeof(ZfColumnSet), cudaMemcpyHostToDevice));
-    cudaCheck(cudaMemcpy(t->start, t->h_start, (n + 1) * sizeof(long long), cudaMemcpyHostToDevice));
+static void zf_grid_upload(ZfGrid* g) {
+    const int n = g->num_sets;
+    if (g->h_start[n] >= (1LL << 31)) { fatal("zenflow.cuh: the model is too large for one grid (hint: a smaller model)"); }
+    cudaCheck(cudaMemcpy(g->sets, g->h_sets, n * sizeof(ZfColumnSet), cudaMemcpyHostToDevice));
+    cudaCheck(cudaMemcpy(g->start, g->h_start, (n + 1) * sizeof(long long), cudaMemcpyHostToDevice));
 }
 
 // 4.2.4 the new ownership as column sets: the GPU's in matrix order, the CPU's in
@@ -469,7 +468,7 @@ static void zf_grid_upload(ZfGrid* t) {
 static void zf_cuda_selection_changed(void* ctx, const ZenFlow* zf) {
     ZfCudaDevice* dev = (ZfCudaDevice*)ctx;
     const ZfOwnership* own = &zf->own;
-    const int n = dev->num_sets;
+    const int n = own->num_matrices;
     for (int i = 0; i < n; i++) {
         const ZfMatrix* mat = &own->matrices[i];
         memcpy(dev->h_order + mat->first_col, mat->cols_by_owner, mat->cols * sizeof(int));
@@ -586,16 +585,17 @@ __global__ void zf_zero_columns_kernel(float* __restrict__ grads,  // (num_param
     }
 }
 
-// zero the gradients of a grid's sets (blocks: the grid's chunks)
-static void zf_cuda_zero_columns(ZfCudaDevice* dev, ZfGrid grid, long long blocks) {
+// zero the gradients of a grid's sets (one block per chunk)
+static void zf_cuda_zero_columns(ZfCudaDevice* dev, ZfGrid grid) {
+    const long long blocks = grid.h_start[grid.num_sets];
     if (blocks == 0) { return; }
     zf_zero_columns_kernel<<<(unsigned)blocks, ZF_THREADS>>>(dev->grads, grid);
     cudaCheck(cudaGetLastError());
 }
 
-static void zf_cuda_zero_gpu_owned(ZfCudaDevice* dev, const ZenFlow* zf) {
-    zf_cuda_zero_columns(dev, dev->vectors, dev->vectors.h_start[zf->own.num_vectors]);
-    zf_cuda_zero_columns(dev, dev->gpu, dev->gpu.h_start[dev->num_sets]);
+static void zf_cuda_zero_gpu_owned(ZfCudaDevice* dev) {
+    zf_cuda_zero_columns(dev, dev->vectors);
+    zf_cuda_zero_columns(dev, dev->gpu);
 }
 
 // ----------------------------------------------------------------------------
@@ -644,12 +644,11 @@ __global__ void zf_abs_sum_finalize_kernel(double* __restrict__ out, const doubl
 
 static void zf_cuda_abs_sums(void* ctx, const ZenFlow* zf, double* sel, double* cpu) {
     ZfCudaDevice* dev = (ZfCudaDevice*)ctx;
-    (void)zf;
-    const int n = dev->num_sets;
+    const int n = zf->own.num_matrices;
     int span = gpu_trace_begin(0);
     for (int side = 0; side < (cpu != NULL ? 2 : 1); side++) {
         const ZfGrid grid = side == 0 ? dev->gpu : dev->cpu_chunks;
-        long long total = (side == 0 ? dev->gpu.h_start : dev->cpu_chunks.h_start)[n];
+        long long total = grid.h_start[n];
         if (total > 0) {
             zf_abs_sum_partial_kernel<<<(unsigned)total, ZF_THREADS>>>(dev->autou.partial, dev->grads, grid);
             cudaCheck(cudaGetLastError());
@@ -667,10 +666,11 @@ static void zf_cuda_abs_sums(void* ctx, const ZenFlow* zf, double* sel, double* 
 static void zf_cuda_abs_sums_wait(void* ctx, const ZenFlow* zf) {
     ZfCudaDevice* dev = (ZfCudaDevice*)ctx;
     ZfCudaAutoU* a = &dev->autou;
+    const int n = zf->own.num_matrices;
     cudaCheck(cudaEventSynchronize(a->done));
-    memcpy(a->sel, a->host, dev->num_sets * sizeof(double));
+    memcpy(a->sel, a->host, n * sizeof(double));
     if (a->cpu == NULL) { return; }
-    for (int k = 0; k < dev->num_sets; k++) { a->cpu[zf->own.group_mats[k]] = a->host[dev->num_sets + k]; }
+    for (int k = 0; k < n; k++) { a->cpu[zf->own.group_mats[k]] = a->host[n + k]; }
 }
 
 // resuming -za gpu: the open window's A back into the gradient buffer
@@ -735,20 +735,20 @@ static void zf_cuda_staging_free(ZfStaging* st) {
     cudaCheck(cudaEventDestroy(st->h2d_done));
 }
 
-static void zf_grid_alloc(ZfGrid* t, int n, const int* order) {
-    t->num_sets = n;
-    t->order = order;
-    t->sets = (ZfColumnSet*)cuda_malloc(n * sizeof(ZfColumnSet), "ZenFlow column sets");
-    t->start = (long long*)cuda_malloc((n + 1) * sizeof(long long), "ZenFlow column sets");
-    t->h_sets = (ZfColumnSet*)callocCheck(n, sizeof(ZfColumnSet));
-    t->h_start = (long long*)callocCheck(n + 1, sizeof(long long));
+static void zf_grid_alloc(ZfGrid* g, int n, const int* order) {
+    g->num_sets = n;
+    g->order = order;
+    g->sets = (ZfColumnSet*)cuda_malloc(n * sizeof(ZfColumnSet), "ZenFlow column sets");
+    g->start = (long long*)cuda_malloc((n + 1) * sizeof(long long), "ZenFlow column sets");
+    g->h_sets = (ZfColumnSet*)callocCheck(n, sizeof(ZfColumnSet));
+    g->h_start = (long long*)callocCheck(n + 1, sizeof(long long));
 }
 
-static void zf_grid_free(ZfGrid* t) {
-    cudaCheck(cudaFree(t->sets));
-    cudaCheck(cudaFree(t->start));
-    free(t->h_sets);
-    free(t->h_start);
+static void zf_grid_free(ZfGrid* g) {
+    cudaCheck(cudaFree(g->sets));
+    cudaCheck(cudaFree(g->start));
+    free(g->h_sets);
+    free(g->h_start);
 }
 
 // ZenFlow over a model's parameter and gradient buffers (device, file layout); free with
@@ -783,7 +783,6 @@ static void zf_cuda_init(ZenFlow* zf, ZfCudaDevice* dev, float* params, float* g
     const ZfOwnership* own = &zf->own;
 
     // ownership tables
-    dev->num_sets = own->num_matrices;
     int max_cols = 0;
     for (int i = 0; i < own->num_matrices; i++) {
         const ZfMatrix* mat = &own->matrices[i];
@@ -793,7 +792,7 @@ static void zf_cuda_init(ZenFlow* zf, ZfCudaDevice* dev, float* params, float* g
         }
         max_cols = mat->cols > max_cols ? mat->cols : max_cols;
     }
-    const int n = dev->num_sets;
+    const int n = own->num_matrices;
     dev->order = (int*)cuda_malloc(own->total_cols * sizeof(int), "ZenFlow column order");
     dev->h_order = (int*)callocCheck(own->total_cols, sizeof(int));
     dev->groups = (ZfGroupRange*)callocCheck(own->num_groups + 1, sizeof(ZfGroupRange));

@@ -291,7 +291,7 @@ static void benchmark(const char* spec, double k, uint64_t* rng) {
     const double ce = (double)zf.own.cpu_elems, ge = (double)zf.own.gpu_sel_elems + zf.own.vector_elems;
     float us;
     if (zf.own.cpu_elems > 0) {
-        long long tiles = dev.cpu_tiles.h_start[dev.num_sets];
+        long long tiles = dev.cpu_tiles.h_start[dev.cpu_tiles.num_sets];
         us = benchmark_us(10, [&] {
             zf_gather_columns_kernel<<<(unsigned)tiles, dim3(ZF_TILE, ZF_TILE_ROWS)>>>(dev.grads_stage->buf, d_grads,
                                                                                      dev.cpu_tiles, 0);
