@@ -63,16 +63,17 @@ static inline void zf_adam8(const ZfAdamVec* c, __m256 g, __m256* p, __m256* m, 
 #define ZF_PIECE 4096
 #define ZF_MIN_PARALLEL (1 << 16)
 
-// One AdamW step over n elements. If acc != NULL the gradient is acc[i] / count (the window
-// mean, a true division), else g[i].
-static void zf_adam_all(float* p, float* m, float* v, const float* g, const float* acc,
-                        float count, size_t n, ZfAdamHyper h, int s) {
+// One AdamW step over n elements with the gradient g[i] / count: count 1 for one step's
+// gradient, n for a window's sum over n steps (4.6, the mean). A true division: x / 1 is x.
+void zf_cpu_adam_step(float* p, float* m, float* v, const float* g, int count, size_t n,
+                      ZfAdamHyper h, int s) {
     const AdamWConsts c = adamw_consts(h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, s);
+    const float n_steps = (float)count;
 #ifdef __AVX__
     const ZfAdamVec cv = {_mm256_set1_ps(c.b1), _mm256_set1_ps(c.b2), _mm256_set1_ps(c.omb1),
                           _mm256_set1_ps(c.omb2), _mm256_set1_ps(c.bc1), _mm256_set1_ps(c.bc2),
                           _mm256_set1_ps(c.eps), _mm256_set1_ps(c.lr), _mm256_set1_ps(c.wd)};
-    const __m256 cnt = _mm256_set1_ps(count);
+    const __m256 cnt = _mm256_set1_ps(n_steps);
 #endif
     const long pieces = (long)((n + ZF_PIECE - 1) / ZF_PIECE);
 #pragma omp parallel for schedule(static) if (n >= ZF_MIN_PARALLEL)
@@ -84,8 +85,8 @@ static void zf_adam_all(float* p, float* m, float* v, const float* g, const floa
         // on AMD Zen, where lines of p, m, v, g can evict each other (arrays a large power of
         // two apart), touching each line twice instead of four times measured 1.6x faster
         for (; i + 16 <= hi; i += 16) {
-            __m256 g0 = acc ? _mm256_div_ps(_mm256_loadu_ps(acc + i), cnt) : _mm256_loadu_ps(g + i);
-            __m256 g1 = acc ? _mm256_div_ps(_mm256_loadu_ps(acc + i + 8), cnt) : _mm256_loadu_ps(g + i + 8);
+            __m256 g0 = _mm256_div_ps(_mm256_loadu_ps(g + i), cnt);
+            __m256 g1 = _mm256_div_ps(_mm256_loadu_ps(g + i + 8), cnt);
             __m256 m0 = _mm256_loadu_ps(m + i), m1 = _mm256_loadu_ps(m + i + 8);
             __m256 v0 = _mm256_loadu_ps(v + i), v1 = _mm256_loadu_ps(v + i + 8);
             __m256 p0 = _mm256_loadu_ps(p + i), p1 = _mm256_loadu_ps(p + i + 8);
@@ -100,19 +101,9 @@ static void zf_adam_all(float* p, float* m, float* v, const float* g, const floa
         }
 #endif
         for (; i < hi; i++) {  // the scalar formula: the tail, and builds without AVX
-            adamw_one(p + i, m + i, v + i, acc ? acc[i] / count : g[i], c);
+            adamw_one(p + i, m + i, v + i, g[i] / n_steps, c);
         }
     }
-}
-
-void zf_cpu_adam_step(float* p, float* m, float* v, const float* g, size_t n,
-                      ZfAdamHyper h, int s) {
-    zf_adam_all(p, m, v, g, NULL, 1.0f, n, h, s);
-}
-
-void zf_cpu_adam_step_mean(float* p, float* m, float* v, const float* acc, int count,
-                           size_t n, ZfAdamHyper h, int s) {
-    zf_adam_all(p, m, v, NULL, acc, (float)count, n, h, s);
 }
 
 // One addition per element; the compiler vectorises these plain loops by itself. The first

@@ -1,5 +1,6 @@
 // cpu_adam.h: the CPU side of ZenFlow.
-//  - zf_cpu_adam_*: AdamW over flat fp32 arrays, exactly docs/zenflow_spec.md section 3.1
+//  - zf_cpu_adam_step, zf_cpu_accumulate: AdamW (exactly docs/zenflow_spec.md section 3.1) and
+//    the window sum, over flat fp32 arrays
 //    (bitwise the same as a plain scalar loop, for any thread count).
 //  - zf_worker_*: ZfWorker, one background thread that runs jobs in submission order (spec 4.6,
 //    "overlap on"), with a debug switch that injects random delays (spec 5). zenflow.h
@@ -32,15 +33,12 @@ typedef struct {
 // arrays with a 64 KB gap between them (dev/bench_cpu_adam.cpp shows both). 64-byte
 // alignment is best; any alignment works.
 
-// One AdamW step with gradient g.
-void zf_cpu_adam_step(float* p, float* m, float* v, const float* g, size_t n,
+// One AdamW step with the gradient g[i] / count: count = 1 for one step's gradient, n for a
+// window's sum A over n steps (spec 4.6: the mean G = A / n). One true fp32 division per
+// element (not a multiplication by 1/count, which rounds differently; x / 1 is x, bit for
+// bit). count >= 1 and exactly representable (< 2^24).
+void zf_cpu_adam_step(float* p, float* m, float* v, const float* g, int count, size_t n,
                       ZfAdamHyper h, int s);
-
-// One AdamW step with the window mean G = A / count as the gradient (spec 4.6):
-// g[i] = acc[i] / (float)count, one true fp32 division per element (not a multiplication
-// by 1/count, which rounds differently). count >= 1 and exactly representable (< 2^24).
-void zf_cpu_adam_step_mean(float* p, float* m, float* v, const float* acc, int count,
-                           size_t n, ZfAdamHyper h, int s);
 
 // acc[i] += g[i] (spec 4.4), or with `first` (a window's first step) acc[i] = 0 + g[i]. One
 // fp32 addition per element, so the sum over a window is the same sequence of roundings on

@@ -793,14 +793,14 @@ static void cpu_gpu_adam(void* ctx, const ZenFlow* zf, ZfAdamHyper h, int step) 
     vector_hyper.weight_decay = 0.0f;  // spec 1: no decay on vectors
     for (int i = 0; i < zf->own.num_vectors; i++) {
         size_t at = zf->own.vectors[i].offset;
-        zf_cpu_adam_step(params + at, dev->gpu_m + at, dev->gpu_v + at, grads + at,
+        zf_cpu_adam_step(params + at, dev->gpu_m + at, dev->gpu_v + at, grads + at, 1,
                          zf->own.vectors[i].n, vector_hyper, step);
     }
     for (int i = 0; i < zf->own.num_matrices; i++) {
         const ZfMatrix* mat = &zf->own.matrices[i];
         if (mat->n_sel == mat->cols) {  // the whole matrix (adamw mode): one flat pass
             size_t at = mat->offset;
-            zf_cpu_adam_step(params + at, dev->gpu_m + at, dev->gpu_v + at, grads + at,
+            zf_cpu_adam_step(params + at, dev->gpu_m + at, dev->gpu_v + at, grads + at, 1,
                              (size_t)mat->rows * mat->cols, h, step);
             continue;
         }
@@ -829,7 +829,7 @@ static void cpu_gpu_adam(void* ctx, const ZenFlow* zf, ZfAdamHyper h, int step) 
                         v[k] = dev->gpu_v[at];
                     }
                 }
-                zf_cpu_adam_step(p, m, v, g, n, h, step);
+                zf_cpu_adam_step(p, m, v, g, 1, n, h, step);
                 for (int o = 0; o < nr; o++) {
                     for (int r = 0; r < ns; r++) {
                         size_t at = first + (size_t)o * mat->cols + sel[r], k = (size_t)o * ns + r;

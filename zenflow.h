@@ -192,12 +192,11 @@ typedef struct {  // where g_t's CPU-owned columns land on the host (accumulatio
     float* buf[2];           // (cpu_capacity)
     ZfTicket last_reader[2]; // the last job that reads buf[i]
     ZfAccumulateJob jobs[2]; // ... the accumulation reading buf[i]
-    int next, current;       // the one to take next; this step's
+    int current;             // this step's (zf_before_backward turns it)
 } ZfLanding;
 
 typedef struct {  // the window (spec 4.5, 4.6)
     int n;                   // steps in the open window
-    int closed;              // steps in the window the last zf_step closed (0: it closed none)
     float *acc, *acc_job;    // (cpu_capacity) A of the open window; of the window in the updater
     int pending;             // a window's result waits to be applied (overlap)
     ZfTicket job_ticket;     // its update, until waited for
@@ -230,6 +229,7 @@ typedef struct {  // auto U (spec 6): the evaluation at the end of step t decide
     double* sum_sel;         // (num_matrices) the step's sum of |g| over each matrix's GPU-owned
     double* sum_cpu;         // (num_matrices) ... and of |A| over its CPU-owned elements
     int close_next;          // the next step closes the window
+    int closed;              // steps in the window the last step closed (0: none), for the step line
     int pending;             // the last step's sums are on their way
     ZfTicket job;            // ... and, accumulation on the CPU, the job that sums |A|
     ZfAbsSumJob sum_job;
@@ -339,8 +339,7 @@ static inline void zf_before_backward(ZenFlow* zf, int t) {
         return;
     }
     zf->backend.zero_grads(zf->backend.ctx, zf, 1);
-    l->current = l->next;
-    l->next = (l->next + 1) % l->count;
+    l->current = (l->current + 1) % l->count;
     const ZfTicket reader = l->last_reader[l->current];
     if (!may_leave || !zf_worker_finished(reader.thread, reader.ticket)) { return; }
     l->last_reader[l->current] = zf_no_job;  // (done)
@@ -500,12 +499,10 @@ static inline int zf_closes_window(ZenFlow* zf, int t) {
 
 // 4.5 step t joins the window; returns n if it closed it (the next one starts with n = 0), else 0
 static inline int zf_window_step(ZenFlow* zf, int t, int closes) {
-    ZfWindow* w = &zf->win;
-    w->n++;
-    w->closed = closes ? w->n : 0;
-    if (closes) { w->n = 0; }
-    if (zf->cfg.update_interval == ZF_AUTO) { zf_auto_end_step(zf, t, w->closed); }  // option: auto U
-    return w->closed;
+    const int n = ++zf->win.n;
+    if (closes) { zf->win.n = 0; }
+    if (zf->cfg.update_interval == ZF_AUTO) { zf_auto_end_step(zf, t, closes ? n : 0); }  // option: auto U
+    return closes ? n : 0;
 }
 
 // waits for the window update in flight (if any), without applying its result
@@ -612,8 +609,8 @@ static int zf_window_update(void* arg) {
     be->host_wait(be->ctx, job->acc);
     be->host_wait(be->ctx, zf->cpu.master);  // the previous result has left for the device
     double t0 = now_ms();
-    zf_cpu_adam_step_mean(zf->cpu.master, zf->cpu.m, zf->cpu.v, job->acc, job->count, zf->own.cpu_elems,
-                          job->hyper, job->step);
+    zf_cpu_adam_step(zf->cpu.master, zf->cpu.m, zf->cpu.v, job->acc, job->count, zf->own.cpu_elems, job->hyper,
+                     job->step);
     job->ms = zf_cpu_work_done(zf, TRACE_CPU_UPDATE, "window update", t0);
     // the result may start its way to the device now; it is applied at the next boundary
     if (job->prefetch && be->params_prefetch != NULL) { be->params_prefetch(be->ctx, zf, zf->cpu.master); }
@@ -795,6 +792,7 @@ static int zf_auto_sum_job(void* arg) {
 // sums start (with accumulation on the CPU, after the step's accumulation, on its thread)
 static inline void zf_auto_end_step(ZenFlow* zf, int t, int closed) {
     ZfAutoU* a = &zf->autou;
+    a->closed = closed;
     if (t < zf->cfg.warmup) { return; }
     if (closed > 0) {
         a->close_next = 0;
@@ -1216,7 +1214,7 @@ static inline void zf_load_state(void* ctx, FILE* fp, const char* path) {
     if (zf->win.n > 0 && zf->cfg.accumulate == ZF_ACCUMULATE_GPU) {
         be->grads_from_host(be->ctx, zf, zf->win.acc);  // the open window's A, back where it lives
     }
-    zf->landing.next = 0;
+    zf->landing.current = 0;
     zf->landing.last_reader[0] = zf->landing.last_reader[1] = zf_no_job;
     zf->pipe.early_dest = NULL;
     zf->pipe.apply_src = NULL;
@@ -1290,7 +1288,7 @@ static inline void zf_print_step_stats(ZenFlow* zf) {
     if (st->cpu_updates != st->cpu_updates_shown) { printf(" | cpu %.1f ms", st->cpu_update_ms); }
     st->cpu_updates_shown = st->cpu_updates;
     if (st->select_ms > 0.0) { printf(" | moved %d | select %.1f ms", zf->sel.moved_columns, st->select_ms); }
-    if (zf->cfg.update_interval == ZF_AUTO && zf->win.closed > 0) { printf(" | window %d", zf->win.closed); }
+    if (zf->cfg.update_interval == ZF_AUTO && zf->autou.closed > 0) { printf(" | window %d", zf->autou.closed); }
 }
 
 // ----------------------------------------------------------------------------

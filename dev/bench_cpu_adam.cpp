@@ -102,11 +102,11 @@ static AdamArgs make_adam(size_t n, size_t gap) {
 
 static void run_adam(void* a) {
     AdamArgs* x = (AdamArgs*)a;
-    zf_cpu_adam_step(x->p, x->m, x->v, x->g, x->n, x->h, ++x->s);
+    zf_cpu_adam_step(x->p, x->m, x->v, x->g, 1, x->n, x->h, ++x->s);
 }
 static void run_adam_mean(void* a) {
     AdamArgs* x = (AdamArgs*)a;
-    zf_cpu_adam_step_mean(x->p, x->m, x->v, x->acc, x->count, x->n, x->h, ++x->s);
+    zf_cpu_adam_step(x->p, x->m, x->v, x->acc, x->count, x->n, x->h, ++x->s);
 }
 static void run_accumulate(void* a) {
     AdamArgs* x = (AdamArgs*)a;
@@ -193,7 +193,7 @@ static int check_mode(int argc, char** argv) {
     if (!f || fread(buf.data(), 4, 4 * n, f) != 4 * n) { fprintf(stderr, "cannot read in.bin\n"); return 1; }
     fclose(f);
     float *p = buf.data(), *m = p + n, *v = m + n, *g = v + n;
-    zf_cpu_adam_step(p, m, v, g, n, h, s);
+    zf_cpu_adam_step(p, m, v, g, 1, n, h, s);
     f = fopen((dir + "/out.bin").c_str(), "wb");
     if (!f || fwrite(buf.data(), 4, 3 * n, f) != 3 * n) { fprintf(stderr, "cannot write out.bin\n"); return 1; }
     fclose(f);
@@ -243,12 +243,12 @@ int main(int argc, char** argv) {
 
     AdamArgs a = make_adam(n, 64 << 10);
     row("same traffic, no math (staggered)", "traffic_pps", run_same_traffic, &a, reps, all, (double)n, 1e6, "M/s ");
-    row("zf_cpu_adam_step (staggered)", "adam_pps", run_adam, &a, reps, all, (double)n, 1e6, "M/s ");
-    row("zf_cpu_adam_step_mean (staggered)", "adam_mean_pps", run_adam_mean, &a, reps, all, (double)n, 1e6, "M/s ");
+    row("zf_cpu_adam_step, count 1 (staggered)", "adam_pps", run_adam, &a, reps, all, (double)n, 1e6, "M/s ");
+    row("zf_cpu_adam_step, count 4 (staggered)", "adam_mean_pps", run_adam_mean, &a, reps, all, (double)n, 1e6, "M/s ");
     row("zf_cpu_accumulate (staggered)", "accumulate_pps", run_accumulate, &a, reps, all, (double)n, 1e6, "M/s ");
 
     AdamArgs b = make_adam(n, 0);
-    row("zf_cpu_adam_step (back to back)", "adam_b2b_pps", run_adam, &b, reps, all, (double)n, 1e6, "M/s ");
+    row("zf_cpu_adam_step, count 1 (back to back)", "adam_b2b_pps", run_adam, &b, reps, all, (double)n, 1e6, "M/s ");
 
     // The updater's own OpenMP team next to a busy main-thread team: run one AdamW step in
     // a job while the main thread runs another on different arrays (both with all threads),

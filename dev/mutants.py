@@ -147,8 +147,8 @@ MUTANTS = [
     ("A1", "llmc/adamw.h", "*p = pi - c.lr * (mhat / (sqrtf(vhat) + c.eps) + c.wd * pi);",
      "*p = pi - c.lr * (mhat / sqrtf(vhat + c.eps) + c.wd * pi);",
      "3.1 eps inside the square root, in the one scalar formula (the CPU's tail, the GPU's kernels)", ["cpu", "emu"]),
-    ("A2", "cpu_adam.cpp", "__m256 g0 = acc ? _mm256_div_ps(_mm256_loadu_ps(acc + i), cnt)",
-     "__m256 g0 = acc ? _mm256_mul_ps(_mm256_loadu_ps(acc + i), _mm256_rcp_ps(cnt))",
+    ("A2", "cpu_adam.cpp", "__m256 g0 = _mm256_div_ps(_mm256_loadu_ps(g + i), cnt)",
+     "__m256 g0 = _mm256_mul_ps(_mm256_loadu_ps(g + i), _mm256_rcp_ps(cnt))",
      "4.6 A / n by an approximate reciprocal in the vector body", ["cpu"]),
     # --- the threads and the host side of the copies (spec 5)
     ("T1", "zenflow.h", "if (job->after.ticket >= 0) {  // A is complete", "if (0) {  // A is complete",

@@ -164,20 +164,20 @@ def main():
     print(f"copy bandwidth (memcpy, read+write bytes): "
           + ", ".join(f"{t}t {r[f'copy_bps_{t}t'] / 1e9:.1f} GB/s" for t in sorted({1, cthreads}))
           + f"  ->  limit = {copy_bps / 1e9:.1f} GB/s / 28 B = {limit / 1e6:.0f} M params/s")
-    hdr = f"{'':38s} {'threads':>7s} {'M params/s':>20s} {'vs torch':>9s} {'vs limit':>9s}"
+    hdr = f"{'':40s} {'threads':>7s} {'M params/s':>20s} {'vs torch':>9s} {'vs limit':>9s}"
     print(hdr)
     print("-" * len(hdr))
 
     def line(name, t, best, med, ratio_torch=True):
         vs_t = f"{best / tor[t][0]:8.2f}x" if ratio_torch else f"{'':9s}"
-        print(f"{name:38s} {t:7d} {best / 1e6:9.0f} ({med / 1e6:6.0f}) {vs_t} "
+        print(f"{name:40s} {t:7d} {best / 1e6:9.0f} ({med / 1e6:6.0f}) {vs_t} "
               f"{100 * best / limit:8.0f}%")
 
     for t in sorted(tor):
         line("torch AdamW foreach=True", t, tor[t][0], tor[t][1], ratio_torch=False)
-    for key, name in [("adam_pps", "zf_cpu_adam_step (staggered)"),
-                      ("adam_b2b_pps", "zf_cpu_adam_step (back to back)"),
-                      ("adam_mean_pps", "zf_cpu_adam_step_mean (staggered)"),
+    for key, name in [("adam_pps", "zf_cpu_adam_step, count 1 (staggered)"),
+                      ("adam_b2b_pps", "zf_cpu_adam_step, count 1 (back to back)"),
+                      ("adam_mean_pps", "zf_cpu_adam_step, count 4 (staggered)"),
                       ("traffic_pps", "same traffic, no math (staggered)")]:
         for t in sorted({1, cthreads}):
             line(name, t, r[f"{key}_{t}t"], r[f"{key}_med_{t}t"],

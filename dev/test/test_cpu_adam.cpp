@@ -151,7 +151,7 @@ static void test_adam_step() {
                         ref_adam(ref.p.data() + off, ref.m.data() + off, ref.v.data() + off,
                                  ref.g.data() + off, NULL, 0, n, h, s);
                         zf_cpu_adam_step(got.p.data() + off, got.m.data() + off, got.v.data() + off,
-                                         got.g.data() + off, n, h, s);
+                                         got.g.data() + off, 1, n, h, s);
                         if (!same_state(ref, got)) { ok = false; bad = first_diff(ref, got); break; }
                     }
                     if (!ok || nt == 1 || n == 1000003)  // keep the output short
@@ -164,7 +164,7 @@ static void test_adam_step() {
     set_threads(max_test_threads());
 }
 
-// The window-mean variant: g = acc / count by a true division.
+// The window mean: g = acc / count by a true division.
 static void test_adam_mean() {
     for (size_t n : {(size_t)0, (size_t)17, (size_t)1000, (size_t)1000003})
         for (int count : {1, 3, 4, 7})
@@ -176,9 +176,9 @@ static void test_adam_mean() {
                 State ref = init, got = init;
                 ZfAdamHyper h = hyper(0.1f);
                 ref_adam(ref.p.data(), ref.m.data(), ref.v.data(), NULL, acc.data(), count, n, h, 5);
-                zf_cpu_adam_step_mean(got.p.data(), got.m.data(), got.v.data(), acc.data(), count, n, h, 5);
+                zf_cpu_adam_step(got.p.data(), got.m.data(), got.v.data(), acc.data(), count, n, h, 5);
                 bool ok = same_state(ref, got);
-                if (!ok || nt == 1) check(ok, "adam_step_mean n=%zu count=%d threads=%d", n, count, nt);
+                if (!ok || nt == 1) check(ok, "adam_step window mean n=%zu count=%d threads=%d", n, count, nt);
                 else g_passed++;
             }
     set_threads(max_test_threads());
@@ -341,7 +341,7 @@ typedef struct {
 static int adam_job(void* arg) {
     AdamJob* j = (AdamJob*)arg;
     ZfAdamHyper h = hyper(0.1f);
-    zf_cpu_adam_step_mean(j->p, j->m, j->v, j->acc, j->count, j->n, h, j->s);
+    zf_cpu_adam_step(j->p, j->m, j->v, j->acc, j->count, j->n, h, j->s);
     return 0;
 }
 
@@ -423,11 +423,11 @@ static void test_updater_concurrent_openmp() {
     ZfWorker* u = zf_worker_create(2);
     long tk = zf_worker_submit(u, [](void* p) -> int {
         Arg* x = (Arg*)p;
-        zf_cpu_adam_step(x->st->p.data(), x->st->m.data(), x->st->v.data(), x->st->g.data(), x->n, x->h, 3);
+        zf_cpu_adam_step(x->st->p.data(), x->st->m.data(), x->st->v.data(), x->st->g.data(), 1, x->n, x->h, 3);
         return 0;
     }, &arg);
     set_threads(2);
-    zf_cpu_adam_step(a.p.data(), a.m.data(), a.v.data(), a.g.data(), n, h, 3);
+    zf_cpu_adam_step(a.p.data(), a.m.data(), a.v.data(), a.g.data(), 1, n, h, 3);
     int rc = zf_worker_wait(u, tk);
     zf_worker_destroy(u);
     set_threads(max_test_threads());
