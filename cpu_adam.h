@@ -1,7 +1,7 @@
 // cpu_adam.h: the CPU side of ZenFlow.
 //  - zf_cpu_adam_step, zf_cpu_accumulate: AdamW (exactly docs/zenflow_spec.md section 3.1) and
-//    the window sum, over flat fp32 arrays
-//    (bitwise the same as a plain scalar loop, for any thread count).
+//    the window sum over flat fp32 arrays, bitwise the same as a plain scalar loop for any
+//    thread count.
 //  - zf_worker_*: ZfWorker, one background thread that runs jobs in submission order (spec 4.6,
 //    "overlap on"), with a debug switch that injects random delays (spec 5). zenflow.h
 //    runs two: the updater (window updates) and the accumulator (per-step A += g).

@@ -648,7 +648,7 @@ static void zf_cuda_abs_sums(void* ctx, const ZenFlow* zf, double* sel, double* 
     int span = gpu_trace_begin(0);
     for (int side = 0; side < (cpu != NULL ? 2 : 1); side++) {
         const ZfGrid grid = side == 0 ? dev->gpu : dev->cpu_chunks;
-        long long total = grid.h_start[n];
+        long long total = grid.h_start[grid.num_sets];
         if (total > 0) {
             zf_abs_sum_partial_kernel<<<(unsigned)total, ZF_THREADS>>>(dev->autou.partial, dev->grads, grid);
             cudaCheck(cudaGetLastError());
