@@ -63,12 +63,12 @@ static inline void zf_adam8(const ZfAdamVec* c, __m256 g, __m256* p, __m256* m, 
 #define ZF_PIECE 4096
 #define ZF_MIN_PARALLEL (1 << 16)
 
-// One AdamW step over n elements with the gradient g[i] / count: count 1 for one step's
-// gradient, n for a window's sum over n steps (4.6, the mean). A true division: x / 1 is x.
-void zf_cpu_adam_step(float* p, float* m, float* v, const float* g, int count, size_t n,
+// One AdamW step over n elements with the gradient g[i] / steps: steps 1 for one step's
+// gradient, else the number of steps g sums (4.6, the mean). A true division: x / 1 is x.
+void zf_cpu_adam_step(float* p, float* m, float* v, const float* g, int steps, size_t n,
                       ZfAdamHyper h, int s) {
     const AdamWConsts c = adamw_consts(h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, s);
-    const float n_steps = (float)count;
+    const float n_steps = (float)steps;
 #ifdef __AVX__
     const ZfAdamVec cv = {_mm256_set1_ps(c.b1), _mm256_set1_ps(c.b2), _mm256_set1_ps(c.omb1),
                           _mm256_set1_ps(c.omb2), _mm256_set1_ps(c.bc1), _mm256_set1_ps(c.bc2),

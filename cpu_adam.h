@@ -33,11 +33,11 @@ typedef struct {
 // arrays with a 64 KB gap between them (dev/bench_cpu_adam.cpp shows both). 64-byte
 // alignment is best; any alignment works.
 
-// One AdamW step with the gradient g[i] / count: count = 1 for one step's gradient, n for a
-// window's sum A over n steps (spec 4.6: the mean G = A / n). One true fp32 division per
-// element (not a multiplication by 1/count, which rounds differently; x / 1 is x, bit for
-// bit). count >= 1 and exactly representable (< 2^24).
-void zf_cpu_adam_step(float* p, float* m, float* v, const float* g, int count, size_t n,
+// One AdamW step over n elements with the gradient g[i] / steps: steps = 1 for one step's
+// gradient, or the number of steps whose sum g is (a window's A: spec 4.6, the mean). One
+// true fp32 division per element (not a multiplication by 1/steps, which rounds differently;
+// x / 1 is x, bit for bit). steps >= 1 and exactly representable (< 2^24).
+void zf_cpu_adam_step(float* p, float* m, float* v, const float* g, int steps, size_t n,
                       ZfAdamHyper h, int s);
 
 // acc[i] += g[i] (spec 4.4), or with `first` (a window's first step) acc[i] = 0 + g[i]. One

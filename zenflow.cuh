@@ -122,7 +122,8 @@ typedef struct {
     ZfStaging* grads_stage;   // gradient columns (or A) on their way to the host
     ZfStaging* params_stage;  // the CPU's updated columns on their way in; == grads_stage
                               // unless overlap keeps both busy at once
-    int prefetched;           // params_stage holds the master already (params_prefetch)
+    int prefetched;           // params_stage holds the master already: set by params_prefetch
+                              // (the updater), read once its job was waited for
     ZfFence fences[ZF_MAX_FENCES];
     int num_fences;
     // the rest is not the default step's: the selection's, the options', the measurement
@@ -342,8 +343,9 @@ static void zf_cuda_grads_to_host(void* ctx, const ZenFlow* zf, float* host, int
     const ZfGroupRange r = dev->groups[group < 0 ? zf->own.num_groups : group];
     if (r.n == 0) { return; }
     // the staging buffer is free once its last copy out and its last copy in are done. A
-    // transfer in groups waits before its first group only: the later groups write other
-    // parts of the buffer, and waiting for this step's own copies would serialize them.
+    // transfer in groups waits before its first group only (the backward's first: the last
+    // layer's): the later groups write other parts of the buffer, and waiting for this step's
+    // own copies would serialize them.
     if (group < 0 || group == zf->own.num_groups - 1) {
         zf_cuda_compute_waits(dev, st->d2h_done);
         zf_cuda_compute_waits(dev, st->h2d_done);
@@ -374,8 +376,8 @@ static void zf_cuda_host_wait(void* ctx, const float* host) {
 }
 
 // Packed CPU-owned columns of transfer group `group` (-1: all) from `host` into the staging
-// buffer. A new upload (all, or a transfer's first group, 0) goes after whatever used the
-// buffer before. Safe to call from the updater thread (params_prefetch).
+// buffer. A new upload (all, or a transfer's first group: the forward's first, group 0) goes
+// after whatever used the buffer before. Safe to call from the updater thread (params_prefetch).
 static void zf_cuda_upload(ZfCudaDevice* dev, const ZenFlow* zf, ZfStaging* st, const float* host, int group) {
     const ZfGroupRange r = dev->groups[group < 0 ? zf->own.num_groups : group];
     if (r.n == 0) { return; }
@@ -391,7 +393,7 @@ static void zf_cuda_params_prefetch(void* ctx, const ZenFlow* zf, const float* h
     ZfCudaDevice* dev = (ZfCudaDevice*)ctx;
     cudaCheck(cudaSetDevice(0));  // this thread's current device (the trainer uses device 0)
     zf_cuda_upload(dev, zf, dev->params_stage, host, -1);
-    dev->prefetched = 1;  // read by the main thread only after it has waited for this job
+    dev->prefetched = 1;
 }
 
 // The CPU's columns into the working copy, before the next forward pass; all, or (a

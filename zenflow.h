@@ -206,8 +206,9 @@ typedef struct {  // the window (spec 4.5, 4.6)
 typedef struct {  // selection (4.2)
     int last_step, count;    // the last selection's step; how many so far
     int moved_columns;       // columns that changed owner at the last selection
-    // the CPU's moments in the new layout (cpu_capacity each); all GPU moments before and after
-    // (vector_elems + gpu_capacity each), for migrations and checkpoints
+    // the CPU's moments in the new layout (cpu_capacity each); host copies of all GPU moments
+    // before and after (vector_elems + gpu_capacity each, matrix columns packed column by
+    // column like the CPU's), for migrations and checkpoints
     float *m_new, *v_new, *gpu_m_old, *gpu_v_old, *gpu_m_new, *gpu_v_new;
 } ZfSelection;
 
@@ -298,15 +299,15 @@ static inline void zf_check_workers(ZenFlow* zf) {
     }
 }
 
-// hands a job of step s to a worker thread; *ticket: how to wait for it
-static inline void zf_submit_job(ZenFlow* zf, ZfWorker* thread, ZfJobFn fn, void* arg, ZfTicket* ticket, int s) {
+// hands a job of step s to a worker thread; returns how to wait for it
+static inline ZfTicket zf_submit_job(ZenFlow* zf, ZfWorker* thread, ZfJobFn fn, void* arg, int s) {
     fn = zf_fault_injection(zf, fn, s);  // test hook (dev/test/test_failures.py): fn, or a job that fails
-    *ticket = ZfTicket{thread, zf_worker_submit(thread, fn, arg)};
+    return ZfTicket{thread, zf_worker_submit(thread, fn, arg)};
 }
 
 // waits for one job (and so every earlier one of its thread). While the main thread blocks
 // here the GPU gets no new work: the time the GPU then idles is a stall (spec 8), which
-// zf_stall_begin and zf_stall_end measure (with the backend, at the end of this file).
+// zf_stall_begin and zf_stall_end measure (with the backend, under "measurement and reporting").
 static inline void zf_wait_job(ZenFlow* zf, ZfTicket job) {
     if (job.ticket < 0) { return; }
     double t0 = zf_stall_begin(zf);
@@ -376,10 +377,10 @@ static inline void zf_grads_to_host(ZenFlow* zf, float* host) {
 }
 
 // 4.4: g_t's CPU-owned columns land in this step's landing buffer, once its last reader is
-// done (no wait if they left early); returns it
+// done; returns it
 static inline float* zf_land_grads(ZenFlow* zf) {
     ZfLanding* l = &zf->landing;
-    zf_wait_job(zf, l->last_reader[l->current]);
+    zf_wait_job(zf, l->last_reader[l->current]);  // none if they left early: zf_before_backward saw it done
     zf_grads_to_host(zf, l->buf[l->current]);
     return l->buf[l->current];
 }
@@ -528,7 +529,7 @@ static inline void zf_wait_and_apply(ZenFlow* zf) {
 static inline void zf_submit_window(ZenFlow* zf, ZfTicket after, int n, int s, ZfAdamHyper hyper) {
     ZfWindow* w = &zf->win;
     w->job = ZfWindowJob{zf, w->acc_job, n, s, hyper, 1, after, 0.0};
-    zf_submit_job(zf, zf->cpu.updater, zf_window_update, &w->job, &w->job_ticket, s);
+    w->job_ticket = zf_submit_job(zf, zf->cpu.updater, zf_window_update, &w->job, s);
     w->pending = 1;
 }
 
@@ -570,16 +571,17 @@ static inline void zf_step(ZenFlow* zf, int t, ZfAdamHyper hyper) {
     float* g = zf_land_grads(zf);
     ZfAccumulateJob* job = &l->jobs[l->current];
     *job = ZfAccumulateJob{zf, g, zf->win.acc, zf->own.cpu_elems, zf->win.n == 0};
-    zf_submit_job(zf, zf->cpu.accumulator, zf_accumulate, job, &l->last_reader[l->current], s);
+    const ZfTicket accumulation = zf_submit_job(zf, zf->cpu.accumulator, zf_accumulate, job, s);
+    l->last_reader[l->current] = accumulation;  // it reads the landing buffer until done
 
     // 4.5 the boundary: the window of n steps closes, and the next starts with n = 0
     const int n = zf_window_step(zf, t, closes);
     if (n == 0) { return; }
-    // 4.6 apply window w-1's result, freeze window w's A (the next window writes the other
-    // buffer) and hand it to the updater, which starts once this step's accumulation is done
+    // 4.6 apply window w-1's result; freeze window w's A, into which this step's accumulation
+    // still adds (the next window writes the other buffer); the updater starts once it is done
     zf_wait_and_apply(zf);
     std::swap(zf->win.acc, zf->win.acc_job);
-    zf_submit_window(zf, l->last_reader[l->current], n, s, hyper);
+    zf_submit_window(zf, accumulation, n, s, hyper);
 }
 
 // ----------------------------------------------------------------------------
@@ -605,7 +607,8 @@ static int zf_window_update(void* arg) {
         if (status != 0) { return status; }  // (zf_check_workers names the accumulator)
     }
     const ZfBackend* be = &zf->backend;
-    // A's copy from the device has landed (-za gpu; a synchronous window of one step: A is g_t)
+    // where A came from the device (-za gpu; a synchronous window of one step, where A is the
+    // landing buffer of g_t), its copy has landed. The default's A never crossed: no wait.
     be->host_wait(be->ctx, job->acc);
     be->host_wait(be->ctx, zf->cpu.master);  // the previous result has left for the device
     double t0 = now_ms();
@@ -808,7 +811,7 @@ static inline void zf_auto_end_step(ZenFlow* zf, int t, int closed) {
         if (zf->cpu.accumulator == NULL) {  // (no overlap)
             zf_run_now(zf, zf_auto_sum_job, &a->sum_job, t + 1);
         } else {
-            zf_submit_job(zf, zf->cpu.accumulator, zf_auto_sum_job, &a->sum_job, &a->job, t + 1);
+            a->job = zf_submit_job(zf, zf->cpu.accumulator, zf_auto_sum_job, &a->sum_job, t + 1);
         }
     }
     a->pending = 1;

@@ -243,12 +243,12 @@ int main(int argc, char** argv) {
 
     AdamArgs a = make_adam(n, 64 << 10);
     row("same traffic, no math (staggered)", "traffic_pps", run_same_traffic, &a, reps, all, (double)n, 1e6, "M/s ");
-    row("zf_cpu_adam_step, count 1 (staggered)", "adam_pps", run_adam, &a, reps, all, (double)n, 1e6, "M/s ");
-    row("zf_cpu_adam_step, count 4 (staggered)", "adam_mean_pps", run_adam_mean, &a, reps, all, (double)n, 1e6, "M/s ");
+    row("zf_cpu_adam_step, steps 1 (staggered)", "adam_pps", run_adam, &a, reps, all, (double)n, 1e6, "M/s ");
+    row("zf_cpu_adam_step, steps 4 (staggered)", "adam_mean_pps", run_adam_mean, &a, reps, all, (double)n, 1e6, "M/s ");
     row("zf_cpu_accumulate (staggered)", "accumulate_pps", run_accumulate, &a, reps, all, (double)n, 1e6, "M/s ");
 
     AdamArgs b = make_adam(n, 0);
-    row("zf_cpu_adam_step, count 1 (back to back)", "adam_b2b_pps", run_adam, &b, reps, all, (double)n, 1e6, "M/s ");
+    row("zf_cpu_adam_step, steps 1 (back to back)", "adam_b2b_pps", run_adam, &b, reps, all, (double)n, 1e6, "M/s ");
 
     // The updater's own OpenMP team next to a busy main-thread team: run one AdamW step in
     // a job while the main thread runs another on different arrays (both with all threads),

@@ -175,9 +175,9 @@ def main():
 
     for t in sorted(tor):
         line("torch AdamW foreach=True", t, tor[t][0], tor[t][1], ratio_torch=False)
-    for key, name in [("adam_pps", "zf_cpu_adam_step, count 1 (staggered)"),
-                      ("adam_b2b_pps", "zf_cpu_adam_step, count 1 (back to back)"),
-                      ("adam_mean_pps", "zf_cpu_adam_step, count 4 (staggered)"),
+    for key, name in [("adam_pps", "zf_cpu_adam_step, steps 1 (staggered)"),
+                      ("adam_b2b_pps", "zf_cpu_adam_step, steps 1 (back to back)"),
+                      ("adam_mean_pps", "zf_cpu_adam_step, steps 4 (staggered)"),
                       ("traffic_pps", "same traffic, no math (staggered)")]:
         for t in sorted({1, cthreads}):
             line(name, t, r[f"{key}_{t}t"], r[f"{key}_med_{t}t"],
