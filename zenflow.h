@@ -343,7 +343,7 @@ static inline void zf_before_backward(ZenFlow* zf, int t) {
     l->current = (l->current + 1) % l->count;
     const ZfTicket reader = l->last_reader[l->current];
     if (!may_leave || !zf_worker_finished(reader.thread, reader.ticket)) { return; }
-    l->last_reader[l->current] = zf_no_job;  // (done)
+    l->last_reader[l->current] = zf_no_job;  // done: zf_land_grads need not wait
     zf->pipe.early_dest = l->buf[l->current];
     zf->pipe.next_group = zf->own.num_groups - 1;
 }
@@ -365,8 +365,9 @@ static inline void zf_backward_layer_done(ZenFlow* zf, int l) {
 // ----------------------------------------------------------------------------
 // the step: after the backward pass of step t has produced g_t
 
-// 4.4: g_t's CPU-owned columns (-za gpu: A) to `host`, all at once, or (into early_dest, the
-// same buffer) the groups that have not left during the backward: the embeddings', final last
+// 4.4: g_t's CPU-owned columns (-za gpu: A) to `host` at once, or, where they have been leaving
+// into early_dest (the same buffer), the groups still here: the embeddings' (group 0), whose
+// gradient is final only once the whole backward is done
 static inline void zf_grads_to_host(ZenFlow* zf, float* host) {
     if (zf->pipe.early_dest == NULL) {
         zf->backend.grads_to_host(zf->backend.ctx, zf, host, -1);
@@ -633,8 +634,6 @@ static inline void zf_wait_idle(ZenFlow* zf) {
     status |= zf_worker_drain(zf->cpu.updater);
     zf_stall_end(zf, t0, "wait for CPU");
     if (status != 0) { zf_check_workers(zf); }
-    zf->landing.last_reader[0] = zf->landing.last_reader[1] = zf_no_job;
-    zf->autou.job = zf_no_job;
 }
 
 // Finishes a synchronous update still going in layer by layer (none with overlap), applies the

@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
 """Counts the README's reading path: the lines a new reader reads to learn one default step.
 
-The README's section "The reading path" names each stop as `path` lines A-B (several ranges
-may follow one path, separated by commas or "and"). This script takes those ranges from the
-README itself, counts the distinct lines they cover (comments and blank lines included: they
-are read too) and, of those, the lines of C++ code (not blank, not a comment, not a #pragma),
-adds the README's own lines, and prints a table. With --check it also fails (exit 1) where the
-README's stated totals, "N lines in all" and "M lines of C++ code", differ from the count.
+The README's section "The reading path" names each stop as `path` lines A-B (several ranges may
+follow one path, separated by commas or "and"; "line N" is one line). This script takes those
+ranges from the README itself, counts the distinct lines they cover (comments and blank lines
+included: they are read too) and, of those, the lines of C++ code (not blank, not a comment,
+not a #pragma), adds the README's own lines, and prints a table. With --check it also fails
+(exit 1) where the README's stated totals, "N lines in all" and "M lines of C++ code", differ
+from the count.
 
     python3 dev/reading_path.py [--check]
 """
@@ -25,10 +26,10 @@ def reading_path_section(text):
 
 
 def stops(section):
-    """{path: set of 1-based line numbers}: each "lines A-B, C-D and E-F" belongs to the last
-    `path` named before it"""
+    """{path: set of 1-based line numbers}: each "lines A-B, C-D and E-F" (or "line N") belongs
+    to the last `path` named before it"""
     out, path = {}, None
-    token = r"`([\w./-]+\.(?:h|cuh|cpp|cu|py|md))`|\blines?\s+((?:\d+-\d+(?:,\s*|\s+and\s+)?)+)"
+    token = r"`([\w./-]+\.(?:h|cuh|cpp|cu|py|md))`|\blines?\s+((?:\d+(?:-\d+)?(?:,\s*|\s+and\s+)?)+)"
     for m in re.finditer(token, section):
         if m.group(1):
             path = m.group(1)
@@ -36,8 +37,8 @@ def stops(section):
         if path is None:
             continue
         lines = out.setdefault(path, set())
-        for a, b in re.findall(r"(\d+)-(\d+)", m.group(2)):
-            lines.update(range(int(a), int(b) + 1))
+        for a, b in re.findall(r"(\d+)(?:-(\d+))?", m.group(2)):
+            lines.update(range(int(a), int(b or a) + 1))
     return out
 
 
