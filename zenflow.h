@@ -343,7 +343,7 @@ static inline void zf_before_backward(ZenFlow* zf, int t) {
     l->current = (l->current + 1) % l->count;
     const ZfTicket reader = l->last_reader[l->current];
     if (!may_leave || !zf_worker_finished(reader.thread, reader.ticket)) { return; }
-    l->last_reader[l->current] = zf_no_job;  // done: zf_land_grads need not wait
+    l->last_reader[l->current] = zf_no_job;  // (done)
     zf->pipe.early_dest = l->buf[l->current];
     zf->pipe.next_group = zf->own.num_groups - 1;
 }
@@ -381,7 +381,7 @@ static inline void zf_grads_to_host(ZenFlow* zf, float* host) {
 // done; returns it
 static inline float* zf_land_grads(ZenFlow* zf) {
     ZfLanding* l = &zf->landing;
-    zf_wait_job(zf, l->last_reader[l->current]);  // none if they left early: zf_before_backward saw it done
+    zf_wait_job(zf, l->last_reader[l->current]);  // none if they left early (then it was done)
     zf_grads_to_host(zf, l->buf[l->current]);
     return l->buf[l->current];
 }
@@ -634,6 +634,8 @@ static inline void zf_wait_idle(ZenFlow* zf) {
     status |= zf_worker_drain(zf->cpu.updater);
     zf_stall_end(zf, t0, "wait for CPU");
     if (status != 0) { zf_check_workers(zf); }
+    zf->landing.last_reader[0] = zf->landing.last_reader[1] = zf_no_job;  // all done: a later wait
+    zf->autou.job = zf_no_job;  // for one of them would count as an empty stall
 }
 
 // Finishes a synchronous update still going in layer by layer (none with overlap), applies the
