@@ -286,8 +286,8 @@ static inline void zf_drain(ZenFlow* zf);
 // ----------------------------------------------------------------------------
 // running and waiting for the CPU's jobs (the drain, at the end, waits for all of them)
 
-// A failed job stops training with one line naming its thread; called every step and after a
-// failed wait. The accumulator first: an update that waited for a failed accumulation fails too.
+// A failed job stops training with one line naming its thread; called every step and after
+// every wait. The accumulator first: an update that waited for a failed accumulation fails too.
 static inline void zf_check_workers(ZenFlow* zf) {
     int status = zf_worker_error(zf->cpu.accumulator);
     if (status != 0) {
@@ -309,11 +309,12 @@ static inline ZfTicket zf_submit_job(ZenFlow* zf, ZfWorker* thread, ZfJobFn fn, 
 // here the GPU gets no new work: the time the GPU then idles is a stall (spec 8), which
 // zf_stall_begin and zf_stall_end measure (with the backend, under "measurement and reporting").
 static inline void zf_wait_job(ZenFlow* zf, ZfTicket job) {
-    if (job.ticket < 0) { return; }
-    double t0 = zf_stall_begin(zf);
-    int status = zf_worker_wait(job.thread, job.ticket);
-    zf_stall_end(zf, t0, "wait for CPU");
-    if (status != 0) { zf_check_workers(zf); }
+    if (!zf_worker_finished(job.thread, job.ticket)) {  // else (or no job) no wait, and no stall
+        double t0 = zf_stall_begin(zf);
+        zf_worker_wait(job.thread, job.ticket);
+        zf_stall_end(zf, t0, "wait for CPU");
+    }
+    zf_check_workers(zf);  // a failed job stops training here
 }
 
 // ----------------------------------------------------------------------------
@@ -343,7 +344,6 @@ static inline void zf_before_backward(ZenFlow* zf, int t) {
     l->current = (l->current + 1) % l->count;
     const ZfTicket reader = l->last_reader[l->current];
     if (!may_leave || !zf_worker_finished(reader.thread, reader.ticket)) { return; }
-    l->last_reader[l->current] = zf_no_job;  // (done)
     zf->pipe.early_dest = l->buf[l->current];
     zf->pipe.next_group = zf->own.num_groups - 1;
 }
@@ -634,8 +634,6 @@ static inline void zf_wait_idle(ZenFlow* zf) {
     status |= zf_worker_drain(zf->cpu.updater);
     zf_stall_end(zf, t0, "wait for CPU");
     if (status != 0) { zf_check_workers(zf); }
-    zf->landing.last_reader[0] = zf->landing.last_reader[1] = zf_no_job;  // all done: a later wait
-    zf->autou.job = zf_no_job;  // for one of them would count as an empty stall
 }
 
 // Finishes a synchronous update still going in layer by layer (none with overlap), applies the

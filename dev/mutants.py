@@ -264,6 +264,10 @@ MUTANTS = [
     ("M3", "zenflow.h", "if (--zf->stats.stall_depth == 0 && zf->backend.host_blocks != NULL)",
      "if ((zf->stats.stall_depth = 0) == 0 && zf->backend.host_blocks != NULL)",
      "the stall's intervals do not nest: the drain inside a selection ends the selection's interval", ["pcie"]),
+    ("M4", "zenflow.h",
+     "    if (!zf_worker_finished(job.thread, job.ticket)) {  // else",
+     "    if (job.ticket >= 0) {  // else",
+     "spec 8: a wait for a job that has finished already is counted as a stall interval", ["cpu"]),
     ("Q1", "dev/test/test_common.h", "int near = a.cols.size() == n && sa.size() == n && sa != sr && r.scores.size() > 0;",
      "int near = a.cols.size() == n && r.scores.size() > 0;",
      "the tests' selection checker takes a column listed twice, or the right columns out of order, for a near-tie "

@@ -46,10 +46,39 @@ def is_cpp(path):
     return path.endswith((".h", ".cuh", ".cpp", ".cu"))
 
 
+def function_lines(text):
+    """the 1-based numbers of the lines that belong to a function definition, its header
+    included: a top-level {...} whose statement has a "(" and is not a type or an initializer"""
+    inside, depth, pending, kind = set(), 0, [], None
+    for i, line in enumerate(text, start=1):
+        bare = re.sub(r'"(\\.|[^"\\])*"|\'(\\.|[^\'\\])*\'', '""', line.split("//")[0])
+        if depth == 0 and not pending and (not bare.strip() or bare.lstrip().startswith(("#", "/*", "*"))):
+            continue
+        pending.append(i)
+        for ch in bare:
+            if ch == "{":
+                if depth == 0:
+                    head = " ".join(text[j - 1] for j in pending)
+                    typ = re.match(r"\s*(typedef|struct|enum|union)\b", head) or "=" in head.split("{")[0]
+                    kind = "function" if "(" in head.split("{")[0] and not typ else "other"
+                depth += 1
+            elif ch == "}":
+                depth -= 1
+            elif ch == ";" and depth == 0:
+                pending, kind = [], None
+        if depth == 0 and kind is not None and "}" in bare:
+            if kind == "function":
+                inside.update(pending)
+            pending, kind = [], None
+    return inside
+
+
 def code_lines(path, numbers):
-    """how many of these lines of a C/C++ file are code"""
+    """how many of these lines of a C/C++ file are code, and how many of those are in functions
+    (the rest: types, constants, declarations)"""
     text = open(os.path.join(ROOT, path)).read().split("\n")
-    code, in_block = 0, False
+    functions = function_lines(text)
+    code, in_functions, in_block = 0, 0, False
     for i, line in enumerate(text, start=1):
         t = line.strip()
         was_block = in_block
@@ -60,7 +89,8 @@ def code_lines(path, numbers):
         is_code = not (was_block or t.startswith("/*") or not t or t.startswith("//") or t.startswith("#pragma"))
         if i in numbers and is_code:
             code += 1
-    return code
+            in_functions += i in functions
+    return code, in_functions
 
 
 def main():
@@ -72,25 +102,28 @@ def main():
         print("reading_path: FAIL: no `path` lines A-B in the README's reading path")
         return 1
     readme_lines = text.count("\n")
-    total, cpp = readme_lines, 0
-    print(f"{'stop':28} {'lines':>6} {'C++ code':>9}")
-    print(f"{'README.md (all of it)':28} {readme_lines:6d} {'':>9}")
+    total, cpp, funcs = readme_lines, 0, 0
+    print(f"{'stop':28} {'lines':>6} {'C++ code':>9} {'in functions':>13}")
+    print(f"{'README.md (all of it)':28} {readme_lines:6d} {'':>9} {'':>13}")
     for path, numbers in paths.items():
         size = len(open(os.path.join(ROOT, path)).read().split("\n"))
         if max(numbers) > size:
             print(f"reading_path: FAIL: {path} has {size} lines, the README reads up to line {max(numbers)}")
             return 1
-        code = code_lines(path, numbers) if is_cpp(path) else 0
+        code, in_functions = code_lines(path, numbers) if is_cpp(path) else (0, 0)
         total += len(numbers)
         cpp += code
-        print(f"{path:28} {len(numbers):6d} {code if is_cpp(path) else '':>9}")
-    print(f"{'in all':28} {total:6d} {cpp:9d}")
+        funcs += in_functions
+        print(f"{path:28} {len(numbers):6d} {code if is_cpp(path) else '':>9} {in_functions if is_cpp(path) else '':>13}")
+    print(f"{'in all':28} {total:6d} {cpp:9d} {funcs:13d}")
     if not check:
         return 0
     stated_total = re.search(r"(\d[\d,]*) lines in all", section)
     stated_cpp = re.search(r"(\d[\d,]*) lines of C\+\+ code", section)
+    stated_funcs = re.search(r"(\d[\d,]*) of them in functions", section)
     problems = []
-    for name, m, value in (("lines in all", stated_total, total), ("lines of C++ code", stated_cpp, cpp)):
+    for name, m, value in (("lines in all", stated_total, total), ("lines of C++ code", stated_cpp, cpp),
+                           ("of them in functions", stated_funcs, funcs)):
         if m is None:
             problems.append(f"the README does not state its '{name}'")
         elif int(m.group(1).replace(",", "")) != value:
@@ -98,7 +131,8 @@ def main():
     for p in problems:
         print(f"reading_path: FAIL: {p}")
     if not problems:
-        print(f"reading_path: the README's figures ({total} lines in all, {cpp} of C++ code) match the count")
+        print(f"reading_path: the README's figures ({total} lines in all, {cpp} of C++ code, {funcs} of them "
+              "in functions) match the count")
     return 1 if problems else 0
 
 

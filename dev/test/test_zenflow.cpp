@@ -26,6 +26,7 @@ zeroes the gradients, and the passes call the per-layer hooks (-zp 1, transfers 
    - offload equals adamw;
    - two identical zenflow runs give identical losses, also with random delays injected
      into the updater thread (ZF_WORKER_DELAY_US), and with whole transfers (-zp 0).
+3. The stall intervals (spec 8) of two steps whose count is known: no wait, no interval.
 */
 #define TESTING
 #include "../../train_gpt2.cpp"
@@ -144,6 +145,44 @@ static void test_selection_checker(void) {
     }
 }
 
+// Spec 8's stall is the main thread blocked on the CPU side, and only that: a wait for a job
+// that has finished already is no stall interval. After zf_wait_idle every job has finished,
+// so the next step (t = 5 of zf_a's windows of 4, no boundary) records no interval at all; a
+// selection (t = 8), which drains the CPU side inside its own interval, records that one only.
+static int g_stalls_begun = 0;
+static void count_stalls(void* ctx, int begin) { (void)ctx; g_stalls_begun += begin; }
+
+static void test_stall_intervals(const char* dir) {
+    printf("== stall intervals (spec 8) on %s\n", dir);
+    ZfCase c = read_zf_case(dir);
+    check(c.z.update_interval == 4 && c.z.select_interval == 8 && c.z.warmup == 0 && c.z.overlap && c.s.steps > 8,
+          "the stall test expects zf_a's settings: U 4, S 8, W 0, overlap, more than 8 steps");
+    GPT2 model;
+    DataLoader loader;
+    case_open(dir, &c.s, &model, &loader);
+    ZenFlow zf;
+    CpuDevice device;
+    zf_cpu_init(&zf, &device, &model, c.z);
+    zf.backend.host_blocks = count_stalls;
+    model.zf = &zf;
+    int after_idle = -1, at_selection = -1;
+    for (int t = 0; t <= 8; t++) {
+        if (t == 5) { zf_wait_idle(&zf); }
+        g_stalls_begun = 0;
+        zf_train_step(&model, &loader, &zf, t, case_hyper(&c.s), gpt2_backward);
+        if (t == 5) { after_idle = g_stalls_begun; }
+        if (t == 8) { at_selection = g_stalls_begun; }
+    }
+    zf_drain(&zf);
+    zf_cpu_free(&zf, &device);
+    dataloader_free(&loader);
+    gpt2_free(&model);
+    printf("  the step after the CPU side went idle: %d intervals (0); a selection step: %d (1)\n", after_idle,
+           at_selection);
+    check(after_idle == 0, "a step whose jobs had all finished recorded a stall interval");
+    check(at_selection == 1, "a selection step recorded other stall intervals than its own");
+}
+
 // The CPU threads' team sizes (zenflow.h's zf_team_sizes): from 4 cores on, together one
 // core fewer than the host has, both threads at least 1; below 4, each thread every core.
 static void test_team_sizes(void) {
@@ -174,6 +213,7 @@ int main(int argc, char* argv[]) {
     test_team_sizes();
     for (int i = 1; i < argc; i++) { test_against_reference(argv[i]); }
     test_invariants(argv[1]);
+    test_stall_intervals(argv[1]);
     printf("test_zenflow: %d passed, %d failed\n", g_passed, g_failed);
     return g_failed == 0 ? 0 : 1;
 }
