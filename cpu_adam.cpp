@@ -247,7 +247,14 @@ int zf_worker_finished(ZfWorker* u, long ticket) {
     return ticket < u->finished;
 }
 
+int zf_worker_idle(ZfWorker* u) {
+    if (!u) { return 1; }
+    std::lock_guard<std::mutex> lk(u->mu);
+    return u->finished == u->submitted;
+}
+
 int zf_worker_drain(ZfWorker* u) {
+    if (!u) { return 0; }
     std::unique_lock<std::mutex> lk(u->mu);
     u->done.wait(lk, [u] { return u->finished == u->submitted; });
     return u->error;

@@ -75,7 +75,9 @@ int zf_worker_finished(ZfWorker* u, long ticket);
 // Without blocking: the first error of any job so far, or 0 (u may be NULL: 0).
 int zf_worker_error(ZfWorker* u);
 
-// Block until every submitted job has finished. Returns 0 or the first error.
+// idle, without blocking: 1 if every submitted job has finished. drain: blocks until every
+// submitted job has, and returns 0 or the first error. u may be NULL (no thread: idle).
+int zf_worker_idle(ZfWorker* u);
 int zf_worker_drain(ZfWorker* u);
 
 // OpenMP: a job may call zf_cpu_adam_step; its parallel region runs on a team of the

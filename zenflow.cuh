@@ -120,8 +120,8 @@ typedef struct {
     cudaStream_t d2h, h2d;
     ZfStaging staging[2];
     ZfStaging* grads_stage;   // gradient columns (or A) on their way to the host
-    ZfStaging* params_stage;  // the CPU's updated columns on their way in; == grads_stage
-                              // unless overlap keeps both busy at once
+    ZfStaging* params_stage;  // the CPU's updated columns on their way in; with overlap not
+                              // grads_stage: a prefetched result waits here while g_t leaves
     int prefetched;           // params_stage holds the master already: set by params_prefetch
                               // (the updater), read once its job was waited for
     ZfFence fences[ZF_MAX_FENCES];

@@ -306,8 +306,8 @@ static inline ZfTicket zf_submit_job(ZenFlow* zf, ZfWorker* thread, ZfJobFn fn, 
 }
 
 // waits for one job (and so every earlier one of its thread). While the main thread blocks
-// here the GPU gets no new work: the time the GPU then idles is a stall (spec 8), which
-// zf_stall_begin and zf_stall_end measure (with the backend, under "measurement and reporting").
+// here the GPU gets no new work: the time it then idles is a stall (spec 8), measured below by
+// zf_stall_begin and zf_stall_end (and the GPU's own waits for copies by zf_cuda_compute_waits).
 static inline void zf_wait_job(ZenFlow* zf, ZfTicket job) {
     if (!zf_worker_finished(job.thread, job.ticket)) {  // else (or no job) no wait, and no stall
         double t0 = zf_stall_begin(zf);
@@ -578,8 +578,8 @@ static inline void zf_step(ZenFlow* zf, int t, ZfAdamHyper hyper) {
     // 4.5 the boundary: the window of n steps closes, and the next starts with n = 0
     const int n = zf_window_step(zf, t, closes);
     if (n == 0) { return; }
-    // 4.6 apply window w-1's result; freeze window w's A, into which this step's accumulation
-    // still adds (the next window writes the other buffer); the updater starts once it is done
+    // 4.6 apply window w-1's result (its update read acc_job, free now); freeze window w's A, into
+    // which this step's accumulation still adds; the updater starts once that one is done
     zf_wait_and_apply(zf);
     std::swap(zf->win.acc, zf->win.acc_job);
     zf_submit_window(zf, accumulation, n, s, hyper);
@@ -627,13 +627,14 @@ static int zf_window_update(void* arg) {
 // waits until the CPU threads are idle: every job submitted so far has finished (a window
 // update waiting to be applied stays pending)
 static inline void zf_wait_idle(ZenFlow* zf) {
-    if (zf->cpu.updater == NULL) { return; }
     zf_wait_window(zf);
-    double t0 = zf_stall_begin(zf);
-    int status = zf->cpu.accumulator != NULL ? zf_worker_drain(zf->cpu.accumulator) : 0;
-    status |= zf_worker_drain(zf->cpu.updater);
-    zf_stall_end(zf, t0, "wait for CPU");
-    if (status != 0) { zf_check_workers(zf); }
+    if (!zf_worker_idle(zf->cpu.accumulator) || !zf_worker_idle(zf->cpu.updater)) {  // else no stall
+        double t0 = zf_stall_begin(zf);
+        zf_worker_drain(zf->cpu.accumulator);  // (either may be NULL: no such thread)
+        zf_worker_drain(zf->cpu.updater);
+        zf_stall_end(zf, t0, "wait for CPU");
+    }
+    zf_check_workers(zf);
 }
 
 // Finishes a synchronous update still going in layer by layer (none with overlap), applies the

@@ -268,6 +268,10 @@ MUTANTS = [
      "    if (!zf_worker_finished(job.thread, job.ticket)) {  // else",
      "    if (job.ticket >= 0) {  // else",
      "spec 8: a wait for a job that has finished already is counted as a stall interval", ["cpu"]),
+    ("M5", "zenflow.h",
+     "    if (!zf_worker_idle(zf->cpu.accumulator) || !zf_worker_idle(zf->cpu.updater)) {  // else no stall",
+     "    if (1) {  // else no stall",
+     "spec 8: a drain of CPU threads that are idle already is counted as a stall interval", ["cpu"]),
     ("Q1", "dev/test/test_common.h", "int near = a.cols.size() == n && sa.size() == n && sa != sr && r.scores.size() > 0;",
      "int near = a.cols.size() == n && r.scores.size() > 0;",
      "the tests' selection checker takes a column listed twice, or the right columns out of order, for a near-tie "

@@ -272,6 +272,8 @@ static void test_updater_wait() {
     ZfWorker* u = zf_worker_create(0);
     std::vector<int> log;
     check(zf_worker_wait(u, -1) == 0, "updater: wait(-1) returns at once");
+    check(zf_worker_idle(u) == 1 && zf_worker_idle(NULL) == 1 && zf_worker_drain(NULL) == 0,
+          "updater: idle with no job yet, and NULL: idle, nothing to drain");
     std::atomic<bool> gate(false);
     LogJob a{&log, 0, 0, 20000, NULL}, b{&log, 1, 0, 0, NULL}, c{&log, 2, 0, 0, &gate};
     zf_worker_submit(u, log_job, &a);
@@ -280,9 +282,11 @@ static void test_updater_wait() {
     int rc = zf_worker_wait(u, tb);
     // job c cannot finish before the gate opens, so exactly jobs 0 and 1 are done
     check(rc == 0 && log_is_range(log, 0, 2), "updater: wait(1) returns after jobs 0 and 1, before 2");
+    check(zf_worker_idle(u) == 0, "updater: not idle while job 2 waits at its gate");
     gate = true;
     rc = zf_worker_drain(u);
     check(rc == 0 && log_is_range(log, 0, 3), "updater: drain waits for all jobs");
+    check(zf_worker_idle(u) == 1, "updater: idle after the drain");
     check(zf_worker_drain(u) == 0, "updater: drain with nothing pending returns");
     zf_worker_destroy(u);
 }
