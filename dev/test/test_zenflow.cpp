@@ -26,7 +26,7 @@ zeroes the gradients, and the passes call the per-layer hooks (-zp 1, transfers 
    - offload equals adamw;
    - two identical zenflow runs give identical losses, also with random delays injected
      into the updater thread (ZF_WORKER_DELAY_US), and with whole transfers (-zp 0).
-3. The stall intervals (spec 8) of two steps whose count is known: no wait, no interval.
+3. The stall intervals (spec 8) where their count is known: no wait, no interval; nested, one.
 */
 #define TESTING
 #include "../../train_gpt2.cpp"
@@ -149,9 +149,14 @@ static void test_selection_checker(void) {
 // that has finished already is no stall interval. After zf_wait_idle every job has finished,
 // so a second zf_wait_idle and the next step (t = 5: k 0.1, U 4, S 8, no boundary) record no
 // interval at all; a selection (t = 8), which drains the CPU side inside its own interval,
-// records that one only. The case's model and data, these settings.
-static int g_stalls_begun = 0;
-static void count_stalls(void* ctx, int begin) { (void)ctx; g_stalls_begun += begin; }
+// records that one only. Intervals nest: one inside another is part of it. The case's model
+// and data, these settings.
+static int g_stalls_begun = 0, g_stalls_ended = 0;
+static void count_stalls(void* ctx, int begin) {
+    (void)ctx;
+    g_stalls_begun += begin;
+    g_stalls_ended += !begin;
+}
 
 static void test_stall_intervals(const char* dir) {
     printf("== stall intervals (spec 8) on %s\n", dir);
@@ -177,6 +182,17 @@ static void test_stall_intervals(const char* dir) {
         if (t == 5) { after_idle = g_stalls_begun; }
         if (t == 8) { at_selection = g_stalls_begun; }
     }
+    // nested intervals (a selection's drain, while a job still runs, inside the selection's
+    // own): one interval, which the outer end closes
+    g_stalls_begun = g_stalls_ended = 0;
+    double outer = zf_stall_begin(&zf), inner = zf_stall_begin(&zf);
+    zf_stall_end(&zf, inner, "test: inner");
+    const int ended_inside = g_stalls_ended;
+    zf_stall_end(&zf, outer, "test: outer");
+    printf("  nested intervals: %d begun, %d ended inside, %d in all (1, 0, 1)\n", g_stalls_begun, ended_inside,
+           g_stalls_ended);
+    check(g_stalls_begun == 1 && ended_inside == 0 && g_stalls_ended == 1,
+          "a stall interval inside another ended the outer one, or was counted apart");
     zf_drain(&zf);
     zf_cpu_free(&zf, &device);
     dataloader_free(&loader);
