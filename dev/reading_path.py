@@ -49,18 +49,35 @@ def is_cpp(path):
 def function_lines(text):
     """the 1-based numbers of the lines that belong to a function definition, its header
     included: a top-level {...} whose statement has a "(" and is not a type or an initializer"""
-    inside, depth, pending, kind = set(), 0, [], None
-    for i, line in enumerate(text, start=1):
-        bare = re.sub(r'"(\\.|[^"\\])*"|\'(\\.|[^\'\\])*\'', '""', line.split("//")[0])
-        if depth == 0 and not pending and (not bare.strip() or bare.lstrip().startswith(("#", "/*", "*"))):
+    inside, depth, pending, kind, in_comment = set(), 0, [], None, False
+    bare_lines = []
+    for line in text:  # the code alone: no comments, strings or character literals
+        bare = ""
+        while line:
+            if in_comment:
+                end = line.find("*/")
+                in_comment, line = end < 0, "" if end < 0 else line[end + 2:]
+                continue
+            m = re.match(r'([^"\'/]|/(?![/*]))*', line)
+            bare, line = bare + m.group(0), line[m.end():]
+            if line.startswith("//"):
+                line = ""
+            elif line.startswith("/*"):
+                in_comment, line = True, line[2:]
+            elif line:
+                lit = re.match(r'"(\\.|[^"\\])*"|\'(\\.|[^\'\\])*\'', line) or re.match(r".", line)
+                bare, line = bare + '""', line[lit.end():]
+        bare_lines.append(bare)
+    for i, bare in enumerate(bare_lines, start=1):
+        if depth == 0 and not pending and (not bare.strip() or bare.lstrip().startswith("#")):
             continue
         pending.append(i)
         for ch in bare:
             if ch == "{":
                 if depth == 0:
-                    head = " ".join(text[j - 1] for j in pending)
-                    typ = re.match(r"\s*(typedef|struct|enum|union)\b", head) or "=" in head.split("{")[0]
-                    kind = "function" if "(" in head.split("{")[0] and not typ else "other"
+                    head = " ".join(bare_lines[j - 1] for j in pending).split("{")[0]
+                    typ = re.match(r"\s*(typedef|struct|enum|union)\b", head) or "=" in head
+                    kind = "function" if "(" in head and not typ else "other"
                 depth += 1
             elif ch == "}":
                 depth -= 1
