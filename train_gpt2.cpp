@@ -344,40 +344,39 @@ void attention_backward(float* dqkv, float* dpreatt, float* datt,  // (B,T,3C), 
                         int B, int T, int C, int NH) {
     const int C3 = 3 * C, hs = C / NH;
     const float scale = 1.0f / sqrtf((float)hs);
-#pragma omp parallel for collapse(2)
-    for (int b = 0; b < B; b++) {
-        for (int h = 0; h < NH; h++) {
-            for (int t = 0; t < T; t++) {
-                const float* a = att + (((size_t)b * NH + h) * T + t) * T;
-                float* da = datt + (((size_t)b * NH + h) * T + t) * T;
-                float* dpre = dpreatt + (((size_t)b * NH + h) * T + t) * T;
-                const float* d = dout + ((size_t)b * T + t) * C + h * hs;
-                // out = att @ v
-                for (int t2 = 0; t2 <= t; t2++) {
-                    const float* v = qkv + ((size_t)b * T + t2) * C3 + h * hs + 2 * C;
-                    float* dv = dqkv + ((size_t)b * T + t2) * C3 + h * hs + 2 * C;
-                    float s = 0.0f;
-                    for (int i = 0; i < hs; i++) {
-                        s += v[i] * d[i];
-                        dv[i] += a[t2] * d[i];
-                    }
-                    da[t2] += s;
+#pragma omp parallel for
+    for (int bh = 0; bh < B * NH; bh++) {
+        const int b = bh / NH, h = bh % NH;
+        for (int t = 0; t < T; t++) {
+            const float* a = att + (((size_t)b * NH + h) * T + t) * T;
+            float* da = datt + (((size_t)b * NH + h) * T + t) * T;
+            float* dpre = dpreatt + (((size_t)b * NH + h) * T + t) * T;
+            const float* d = dout + ((size_t)b * T + t) * C + h * hs;
+            // out = att @ v
+            for (int t2 = 0; t2 <= t; t2++) {
+                const float* v = qkv + ((size_t)b * T + t2) * C3 + h * hs + 2 * C;
+                float* dv = dqkv + ((size_t)b * T + t2) * C3 + h * hs + 2 * C;
+                float s = 0.0f;
+                for (int i = 0; i < hs; i++) {
+                    s += v[i] * d[i];
+                    dv[i] += a[t2] * d[i];
                 }
-                // softmax: dpre = att * (datt - sum(att * datt))
-                float dot = 0.0f;
-                for (int t2 = 0; t2 <= t; t2++) { dot += a[t2] * da[t2]; }
-                for (int t2 = 0; t2 <= t; t2++) { dpre[t2] += a[t2] * (da[t2] - dot); }
-                // preatt = q.k * scale
-                const float* q = qkv + ((size_t)b * T + t) * C3 + h * hs;
-                float* dq = dqkv + ((size_t)b * T + t) * C3 + h * hs;
-                for (int t2 = 0; t2 <= t; t2++) {
-                    const float* k = qkv + ((size_t)b * T + t2) * C3 + h * hs + C;
-                    float* dk = dqkv + ((size_t)b * T + t2) * C3 + h * hs + C;
-                    float g = dpre[t2] * scale;
-                    for (int i = 0; i < hs; i++) {
-                        dq[i] += k[i] * g;
-                        dk[i] += q[i] * g;
-                    }
+                da[t2] += s;
+            }
+            // softmax: dpre = att * (datt - sum(att * datt))
+            float dot = 0.0f;
+            for (int t2 = 0; t2 <= t; t2++) { dot += a[t2] * da[t2]; }
+            for (int t2 = 0; t2 <= t; t2++) { dpre[t2] += a[t2] * (da[t2] - dot); }
+            // preatt = q.k * scale
+            const float* q = qkv + ((size_t)b * T + t) * C3 + h * hs;
+            float* dq = dqkv + ((size_t)b * T + t) * C3 + h * hs;
+            for (int t2 = 0; t2 <= t; t2++) {
+                const float* k = qkv + ((size_t)b * T + t2) * C3 + h * hs + C;
+                float* dk = dqkv + ((size_t)b * T + t2) * C3 + h * hs + C;
+                float g = dpre[t2] * scale;
+                for (int i = 0; i < hs; i++) {
+                    dq[i] += k[i] * g;
+                    dk[i] += q[i] * g;
                 }
             }
         }

@@ -16,9 +16,9 @@ its own layout; the device (the backend, ZfBackend) gathers and scatters columns
 The file reads in the order of one default step (zenflow, k 0.1, U 4, overlap, accumulation on
 the CPU, transfers layer by layer): the state; how jobs are run and waited for; before and
 during the backward; the selection, the boundary and zf_step itself; the two CPU jobs; the
-drain. Each option enters through one named call and lives below; then setup, checkpoints,
-the measurement and the command line. docs/teaching.md, section 5, explains the threads and
-waits.
+drain. Each option enters through one or two named calls and lives below; then setup,
+checkpoints, the measurement and the command line. docs/teaching.md, section 5, explains the
+threads and waits, and what each option costs.
 */
 #ifndef ZENFLOW_H
 #define ZENFLOW_H
@@ -646,7 +646,7 @@ static inline void zf_drain(ZenFlow* zf) {
 }
 
 // ============================================================================
-// The options, each entering the default step through one named call
+// The options, each entering the default step through one or two named calls
 // ============================================================================
 
 // ----------------------------------------------------------------------------
