@@ -334,6 +334,23 @@ static void zf_cuda_copy(ZfCudaDevice* dev, ZfStaging* st, float* host, size_t a
     }
 }
 
+// On the default stream, range r's CPU-owned columns between `full` (the parameters or the
+// gradients, the model's layout) and a staging buffer: gather (into st->buf) or scatter (out
+// of it). The staging buffer's kernel_done then stands for it.
+static void zf_cuda_move_columns(ZfCudaDevice* dev, float* full, ZfStaging* st, ZfGroupRange r, int gather) {
+    if (r.tiles == 0) { return; }
+    const dim3 block(ZF_TILE, ZF_TILE_ROWS);
+    int span = gpu_trace_begin(0);
+    if (gather) {
+        zf_gather_columns_kernel<<<(unsigned)r.tiles, block>>>(st->buf, full, dev->cpu_tiles, r.first_tile);
+    } else {
+        zf_scatter_columns_kernel<<<(unsigned)r.tiles, block>>>(full, st->buf, dev->cpu_tiles, r.first_tile);
+    }
+    cudaCheck(cudaGetLastError());
+    gpu_trace_end(span, 0, TRACE_COMPUTE, gather ? "gather columns" : "scatter columns");
+    cudaCheck(cudaEventRecord(st->kernel_done, 0));
+}
+
 // The gradient columns (accumulation on the CPU: g_t, every step; on the GPU: A, at the
 // window's end) of transfer group `group` (-1: all) to `host`, asynchronously: one gather into
 // the staging buffer on the default stream, one copy out on the d2h stream
@@ -351,12 +368,7 @@ static void zf_cuda_grads_to_host(void* ctx, const ZenFlow* zf, float* host, int
         zf_cuda_compute_waits(dev, st->h2d_done);
     }
     if (st == dev->params_stage) { dev->prefetched = 0; }  // about to overwrite a prefetch
-    int span = gpu_trace_begin(0);
-    zf_gather_columns_kernel<<<(unsigned)r.tiles, dim3(ZF_TILE, ZF_TILE_ROWS)>>>(st->buf, dev->grads,
-                                                                               dev->cpu_tiles, r.first_tile);
-    cudaCheck(cudaGetLastError());
-    gpu_trace_end(span, 0, TRACE_COMPUTE, "gather columns");
-    cudaCheck(cudaEventRecord(st->kernel_done, 0));
+    zf_cuda_move_columns(dev, dev->grads, st, r, 1);
     cudaCheck(cudaStreamWaitEvent(dev->d2h, st->kernel_done, 0));
     zf_cuda_copy(dev, st, host, r.at, r.n, 1, "gradient columns");
 }
@@ -407,14 +419,7 @@ static void zf_cuda_params_from_host(void* ctx, const ZenFlow* zf, const float* 
     if (!dev->prefetched) { zf_cuda_upload(dev, zf, st, host, group); }
     if (group < 0 || group == zf->own.num_groups - 1) { dev->prefetched = 0; }  // the transfer's last part
     zf_cuda_compute_waits(dev, st->h2d_done);
-    if (r.tiles > 0) {
-        int span = gpu_trace_begin(0);
-        zf_scatter_columns_kernel<<<(unsigned)r.tiles, dim3(ZF_TILE, ZF_TILE_ROWS)>>>(dev->params, st->buf,
-                                                                                    dev->cpu_tiles, r.first_tile);
-        cudaCheck(cudaGetLastError());
-        gpu_trace_end(span, 0, TRACE_COMPUTE, "scatter columns (apply)");
-    }
-    cudaCheck(cudaEventRecord(st->kernel_done, 0));
+    zf_cuda_move_columns(dev, dev->params, st, r, 0);
     // the step of the apply counts the bytes uploaded for it, a prefetch's included (its job
     // was waited for before this call, and the next prefetch starts only after it)
     dev->stats.h2d_bytes += __atomic_exchange_n(&dev->stats.uploaded_bytes, 0LL, __ATOMIC_RELAXED);
@@ -562,9 +567,7 @@ static void zf_cuda_params_to_host(void* ctx, const ZenFlow* zf, float* host) {
     if (r.n == 0) { return; }
     cudaCheck(cudaDeviceSynchronize());  // no copy or kernel uses the staging buffers any more
     dev->prefetched = 0;
-    zf_gather_columns_kernel<<<(unsigned)r.tiles, dim3(ZF_TILE, ZF_TILE_ROWS)>>>(dev->params_stage->buf, dev->params,
-                                                                               dev->cpu_tiles, 0);
-    cudaCheck(cudaGetLastError());
+    zf_cuda_move_columns(dev, dev->params, dev->params_stage, r, 1);
     cudaCheck(cudaMemcpy(host, dev->params_stage->buf, r.n * sizeof(float), cudaMemcpyDeviceToHost));
     dev->stats.d2h_bytes += (long long)(r.n * sizeof(float));
 }
@@ -683,10 +686,7 @@ static void zf_cuda_grads_from_host(void* ctx, const ZenFlow* zf, const float* h
     if (st == dev->params_stage) { dev->prefetched = 0; }
     zf_cuda_upload(dev, zf, st, host, -1);
     cudaCheck(cudaStreamWaitEvent(0, st->h2d_done, 0));
-    zf_scatter_columns_kernel<<<(unsigned)dev->groups[zf->own.num_groups].tiles, dim3(ZF_TILE, ZF_TILE_ROWS)>>>(
-        dev->grads, st->buf, dev->cpu_tiles, 0);
-    cudaCheck(cudaGetLastError());
-    cudaCheck(cudaEventRecord(st->kernel_done, 0));
+    zf_cuda_move_columns(dev, dev->grads, st, dev->groups[zf->own.num_groups], 0);
     cudaCheck(cudaDeviceSynchronize());
     dev->stats.h2d_bytes += __atomic_exchange_n(&dev->stats.uploaded_bytes, 0LL, __ATOMIC_RELAXED);
 }

@@ -16,7 +16,7 @@ its own layout; the device (the backend, ZfBackend) gathers and scatters columns
 The file reads in the order of one default step (zenflow, k 0.1, U 4, overlap, accumulation on
 the CPU, transfers layer by layer): the state; how jobs are run and waited for; before and
 during the backward; the selection, the boundary and zf_step itself; the two CPU jobs; the
-drain. Each option enters through one or two named calls and lives below; then setup,
+drain. Each option enters through one named call (-za gpu: two) and lives below; then setup,
 checkpoints, the measurement and the command line. docs/teaching.md, section 5, explains the
 threads and waits, and what each option costs.
 */
@@ -264,12 +264,11 @@ typedef struct ZenFlow {
 
 // defined below: the options' entry points, the measurement's, and the CPU's two jobs
 static inline void zf_warmup_start(ZenFlow* zf);
-static inline void zf_step_synchronous(ZenFlow* zf, int t, int closes, ZfAdamHyper hyper);
+static inline void zf_step_synchronous(ZenFlow* zf, int t, ZfAdamHyper hyper);
 static inline void zf_gpu_sum_before_backward(ZenFlow* zf, int t, int may_leave);
-static inline void zf_step_gpu_sum(ZenFlow* zf, int t, int closes, ZfAdamHyper hyper);
+static inline void zf_step_gpu_sum(ZenFlow* zf, int t, ZfAdamHyper hyper);
 static inline void zf_apply_pending(ZenFlow* zf);
-static inline int zf_auto_closes(ZenFlow* zf, int n);
-static inline void zf_auto_end_step(ZenFlow* zf, int t, int closed);
+static inline int zf_auto_step(ZenFlow* zf, int t, int n);
 static inline void zf_log_selection(ZenFlow* zf, int t, int index, const float* scores);
 static inline double zf_stall_begin(ZenFlow* zf);
 static inline void zf_stall_end(ZenFlow* zf, double t0, const char* what);
@@ -491,19 +490,13 @@ static inline void zf_select(ZenFlow* zf, int t) {
     sel->count++;
 }
 
-// 4.5 does step t close its window? After U steps (warm-up: each step; auto U: as decided)
-static inline int zf_closes_window(ZenFlow* zf, int t) {
+// 4.5 step t joins the window, which closes after U steps (warm-up: every step; auto U: as its
+// evaluation decides); returns n if it closed (the next one starts with n = 0), else 0
+static inline int zf_window_step(ZenFlow* zf, int t) {
     const int n = zf->win.n + 1;
-    if (t < zf->cfg.warmup) { return 1; }  // option: warm-up
-    if (zf->cfg.update_interval == ZF_AUTO) { return zf_auto_closes(zf, n); }  // option: auto U
-    return n >= zf->cfg.update_interval;
-}
-
-// 4.5 step t joins the window; returns n if it closed it (the next one starts with n = 0), else 0
-static inline int zf_window_step(ZenFlow* zf, int t, int closes) {
-    const int n = ++zf->win.n;
-    if (closes) { zf->win.n = 0; }
-    if (zf->cfg.update_interval == ZF_AUTO) { zf_auto_end_step(zf, t, closes ? n : 0); }  // option: auto U
+    const int closes = zf->cfg.update_interval == ZF_AUTO ? zf_auto_step(zf, t, n)  // option: auto U
+                                                          : t < zf->cfg.warmup || n >= zf->cfg.update_interval;
+    zf->win.n = closes ? 0 : n;
     return closes ? n : 0;
 }
 
@@ -555,15 +548,14 @@ static inline void zf_step(ZenFlow* zf, int t, ZfAdamHyper hyper) {
     // 4.3 the GPU updates its selected columns and the vectors, with g_t
     be->gpu_adam(be->ctx, zf, hyper, s);
 
-    // Whether the step closes the window (4.5) is known before the CPU's part, which runs in the
-    // background, or here and now: offload, warm-up, -zv 0, a CPU that owns nothing (adamw mode).
-    const int closes = zf_closes_window(zf, t);
+    // The CPU's part runs in the background, or here and now: offload, warm-up, -zv 0, a CPU that
+    // owns nothing (adamw mode).
     if (!zf->cfg.overlap || t < zf->cfg.warmup || zf->own.cpu_elems == 0) {  // option: synchronous
-        zf_step_synchronous(zf, t, closes, hyper);
+        zf_step_synchronous(zf, t, hyper);
         return;
     }
     if (zf->cfg.accumulate == ZF_ACCUMULATE_GPU) {  // option: -za gpu
-        zf_step_gpu_sum(zf, t, closes, hyper);
+        zf_step_gpu_sum(zf, t, hyper);
         return;
     }
     // 4.4 accumulate: g_t's CPU-owned columns land on the host, and the accumulator thread adds
@@ -576,7 +568,7 @@ static inline void zf_step(ZenFlow* zf, int t, ZfAdamHyper hyper) {
     l->last_reader[l->current] = accumulation;  // it reads the landing buffer until done
 
     // 4.5 the boundary: the window of n steps closes, and the next starts with n = 0
-    const int n = zf_window_step(zf, t, closes);
+    const int n = zf_window_step(zf, t);
     if (n == 0) { return; }
     // 4.6 apply window w-1's result (its update read acc_job, free now); freeze window w's A, into
     // which this step's accumulation still adds; the updater starts once that one is done
@@ -646,7 +638,7 @@ static inline void zf_drain(ZenFlow* zf) {
 }
 
 // ============================================================================
-// The options, each entering the default step through one or two named calls
+// The options, each entering the default step through one named call (-za gpu: two)
 // ============================================================================
 
 // ----------------------------------------------------------------------------
@@ -662,6 +654,19 @@ static inline void zf_warmup_start(ZenFlow* zf) {
     zf->backend.host_wait(zf->backend.ctx, zf->cpu.master);
     zf->backend.params_to_host(zf->backend.ctx, zf, zf->cpu.master);
     zf_stall_end(zf, t0, "warm-up: parameters to the host");
+}
+
+// ----------------------------------------------------------------------------
+// does step t close its window? zf_window_step's rule, for the options that must know before
+// the step's CPU part (a synchronous window of one step; -za gpu, before the backward)
+
+static inline int zf_auto_closes(ZenFlow* zf, int n);
+
+static inline int zf_closes_window(ZenFlow* zf, int t) {
+    const int n = zf->win.n + 1;
+    if (t < zf->cfg.warmup) { return 1; }
+    if (zf->cfg.update_interval == ZF_AUTO) { return zf_auto_closes(zf, n); }
+    return n >= zf->cfg.update_interval;
 }
 
 // ----------------------------------------------------------------------------
@@ -690,13 +695,13 @@ static inline void zf_run_now(ZenFlow* zf, ZfJobFn fn, void* arg, int s) {
     if (status != 0) { fatal("step %d: the CPU %s failed with code %d", s, what, status); }
 }
 
-static inline void zf_step_synchronous(ZenFlow* zf, int t, int closes, ZfAdamHyper hyper) {
+static inline void zf_step_synchronous(ZenFlow* zf, int t, ZfAdamHyper hyper) {
     ZfWindow* w = &zf->win;
     const int s = t + 1, on_cpu = zf->cfg.accumulate == ZF_ACCUMULATE_CPU;
     const float* sum = w->acc;  // A
     if (on_cpu && zf->own.cpu_elems > 0) {
         const float* g = zf_land_grads(zf);
-        if (closes && w->n == 0) {
+        if (w->n == 0 && zf_closes_window(zf, t)) {
             // a window of one step (offload, warm-up): A = 0 + g_t is g_t itself (a gradient is a
             // sum that starts from +0, so it is never -0, the one value 0 + g would change)
             sum = g;
@@ -705,7 +710,7 @@ static inline void zf_step_synchronous(ZenFlow* zf, int t, int closes, ZfAdamHyp
             zf_run_now(zf, zf_accumulate, &job, s);
         }
     }
-    const int n = zf_window_step(zf, t, closes);
+    const int n = zf_window_step(zf, t);
     if (n == 0 || zf->own.cpu_elems == 0) { return; }  // (adamw mode: the CPU owns nothing)
     if (!on_cpu) { zf_grads_to_host(zf, w->acc); }       // -za gpu: A, once a window
     ZfWindowJob job = {zf, sum, n, s, hyper, 0, zf_no_job, 0.0};
@@ -746,8 +751,8 @@ static inline void zf_gpu_sum_before_backward(ZenFlow* zf, int t, int may_leave)
     zf->pipe.next_group = zf->own.num_groups - 1;
 }
 
-static inline void zf_step_gpu_sum(ZenFlow* zf, int t, int closes, ZfAdamHyper hyper) {
-    const int n = zf_window_step(zf, t, closes);
+static inline void zf_step_gpu_sum(ZenFlow* zf, int t, ZfAdamHyper hyper) {
+    const int n = zf_window_step(zf, t);
     if (n == 0) { return; }
     zf_wait_and_apply(zf);
     std::swap(zf->win.acc, zf->win.acc_job);
@@ -840,6 +845,14 @@ static inline int zf_auto_closes(ZenFlow* zf, int n) {
     int needed = (int)floor(0.99 * zf->own.num_matrices);
     a->close_next = ready >= (needed > 1 ? needed : 1);
     return a->close_next || n >= zf->cfg.max_update_interval;
+}
+
+// auto U's one entry in the default step (zf_window_step): step t's decision, from step t - 1's
+// sums, then the sums of step t start (with accumulation on the CPU, after the step's own)
+static inline int zf_auto_step(ZenFlow* zf, int t, int n) {
+    const int closes = t < zf->cfg.warmup || zf_auto_closes(zf, n);
+    zf_auto_end_step(zf, t, closes ? n : 0);
+    return closes;
 }
 
 // ----------------------------------------------------------------------------
