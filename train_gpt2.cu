@@ -23,7 +23,7 @@ What differs from the CPU trainer, and why:
 - Model kernels run on the default stream, ZenFlow's copies on two more (zenflow.cuh). The
   step's own small transfers (token ids in, losses out) go through mapped pinned host memory
   that kernels read and write, so that they never queue behind ZenFlow's gigabytes. The host
-  reads a step's losses once its backward pass is queued (gpt2_read_loss): the GPU never idles.
+  reads a step's losses once its backward pass is queued (gpt2_read_loss): the GPU does not wait for it.
 
 Build (see the Makefile): nvcc -O3 -fmad=false ... -lcublasLt. -fmad=false is required:
 without it nvcc fuses multiply-adds and AdamW is no longer spec 3.1 to the bit.

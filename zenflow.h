@@ -7,11 +7,11 @@ Who owns what (spec 3), for one weight matrix W (OC rows, IC columns), k = 0.2:
                   [c  c  G  c  c  c  c  G  c  c]        their Adam moments on the GPU
                                                      c: the CPU updates these once a window of
                                                         U steps, from the window's summed gradient
-Each side keeps its columns PACKED, column after column, so that its AdamW runs over one flat
-array: the CPU's master p, m, v and the window's sum A are [col 0 | col 1 | col 3 | ... | col 9]
-of every matrix, one transfer group after another (the embeddings, then layer 0, layer 1, ...),
-so that one layer's columns move in one copy. The model's working copy stays on the device in
-its own layout; the device (the backend, ZfBackend) gathers and scatters columns.
+Each side keeps its columns PACKED, so that its AdamW runs over one flat array: the CPU's master
+p, m, v and the window's sum A are [col 0 | col 1 | col 3 | ... | col 9] of every matrix, column
+after column, one transfer group after another (the embeddings, then layer 0, layer 1, ...), so
+that one layer's columns move in one copy (the GPU's moments go row by row: zenflow.cuh). The
+working copy stays on the device in the model's layout; the backend (ZfBackend) moves columns.
 
 The file reads in the order of one default step (zenflow, k 0.1, U 4, overlap, accumulation on
 the CPU, transfers layer by layer): the state; how jobs are run and waited for; before and
@@ -225,7 +225,7 @@ typedef struct {
     const float* acc;
 } ZfAbsSumJob;
 
-typedef struct {  // auto U (spec 6): the evaluation at the end of step t decides whether t + 1 closes
+typedef struct {  // auto U (spec 6): step t's sums decide, at step t + 1's boundary, whether t + 1 closes
     double* c_sum;           // (num_matrices) sum of c over the open window's evaluated steps
     double* sum_sel;         // (num_matrices) the step's sum of |g| over each matrix's GPU-owned
     double* sum_cpu;         // (num_matrices) ... and of |A| over its CPU-owned elements
@@ -570,8 +570,9 @@ static inline void zf_step(ZenFlow* zf, int t, ZfAdamHyper hyper) {
     // 4.5 the boundary: the window of n steps closes, and the next starts with n = 0
     const int n = zf_window_step(zf, t);
     if (n == 0) { return; }
-    // 4.6 apply window w-1's result (its update read acc_job, free now); freeze window w's A, into
-    // which this step's accumulation still adds; the updater starts once that one is done
+    // 4.6 apply window w-1's result (its update read acc_job, free now); freeze window w's A (this
+    // step's accumulation still adds into it, through its job's own pointer); the updater starts
+    // once that one is done
     zf_wait_and_apply(zf);
     std::swap(zf->win.acc, zf->win.acc_job);
     zf_submit_window(zf, accumulation, n, s, hyper);
@@ -829,6 +830,7 @@ static inline int zf_auto_closes(ZenFlow* zf, int n) {
     ZfAutoU* a = &zf->autou;
     if (!a->pending) { return a->close_next || n >= zf->cfg.max_update_interval; }
     a->pending = 0;
+    // the device's sums ran in step t - 1, which the trainer waited for (zf_cuda_step_end): no stall
     if (zf->backend.abs_sums_wait != NULL) { zf->backend.abs_sums_wait(zf->backend.ctx, zf); }
     zf_wait_job(zf, a->job);  // accumulation on the CPU: the job that summed |A|
     a->job = zf_no_job;
