@@ -852,7 +852,7 @@ static inline int zf_auto_closes(ZenFlow* zf, int n) {
 // auto U's one entry in the default step (zf_window_step): step t's decision, from step t - 1's
 // sums, then the sums of step t start (with accumulation on the CPU, after the step's own)
 static inline int zf_auto_step(ZenFlow* zf, int t, int n) {
-    const int closes = t < zf->cfg.warmup || zf_auto_closes(zf, n);
+    const int closes = zf_closes_window(zf, t);
     zf_auto_end_step(zf, t, closes ? n : 0);
     return closes;
 }

@@ -147,8 +147,8 @@ MUTANTS = [
      "    if (zf->own.cpu_elems == 0) { return; }\n    const int n = zf_window_step(zf, t);\n"
      "    if (n == 0 || zf->own.cpu_elems == 0)",
      "4.2, 6 every column on the GPU: windows not counted, reselections on other steps", ["cpu"]),
-    ("C18", "zenflow.h", "    const int closes = t < zf->cfg.warmup || zf_auto_closes(zf, n);\n    zf_auto_end_step(zf, t, closes ? n : 0);",
-     "    zf_auto_end_step(zf, t, 0);\n    const int closes = t < zf->cfg.warmup || zf_auto_closes(zf, n);",
+    ("C18", "zenflow.h", "    const int closes = zf_closes_window(zf, t);\n    zf_auto_end_step(zf, t, closes ? n : 0);",
+     "    zf_auto_end_step(zf, t, 0);\n    const int closes = zf_closes_window(zf, t);",
      "6 auto U: step t's sums start before its decision has read step t - 1's", ["cpu"]),
     # --- cpu_adam.cpp: bitwise spec 3.1
     ("A1", "llmc/adamw.h", "*p = pi - c.lr * (mhat / (sqrtf(vhat) + c.eps) + c.wd * pi);",
