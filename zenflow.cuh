@@ -312,10 +312,10 @@ static void zf_cuda_gpu_adam(void* ctx, const ZenFlow* zf, ZfAdamHyper h, int st
 // 4.4 the CPU-owned columns to the host: gather into a staging buffer on the default
 // stream, copy out on the d2h stream; 4.6 the way back: copy in on the h2d stream, scatter
 
-// The one copy between a host buffer of zenflow.h and a staging buffer: floats [at, at + n),
-// to the host (down) on the d2h stream or from it on the h2d stream. On the timeline; its
-// bytes counted (the updater thread uploads too: atomically); the staging buffer's event and
-// the host buffer's fence then stand for it.
+// Every copy between a host buffer of zenflow.h and a staging buffer: floats [at, at + n), to
+// the host (down) on the d2h stream, or from it on the h2d stream. It traces the copy, counts
+// its bytes (atomically: the updater thread uploads too), and records the staging buffer's
+// event and the host buffer's fence, which then stand for it.
 static void zf_cuda_copy(ZfCudaDevice* dev, ZfStaging* st, float* host, size_t at, size_t n, int down,
                          const char* what) {
     cudaStream_t stream = down ? dev->d2h : dev->h2d;
@@ -360,8 +360,8 @@ static void zf_cuda_grads_to_host(void* ctx, const ZenFlow* zf, float* host, int
     const ZfGroupRange r = dev->groups[group < 0 ? zf->own.num_groups : group];
     if (r.n == 0) { return; }
     // the staging buffer is free once its last copy out and its last copy in are done. A
-    // transfer in groups waits before its first group only (the backward's first: the last
-    // layer's): the later groups write other parts of the buffer, and waiting for this step's
+    // transfer in groups waits only before its first group, the last layer's (the backward's
+    // first): the later groups write other parts of the buffer, and waiting for this step's
     // own copies would serialize them.
     if (group < 0 || group == zf->own.num_groups - 1) {
         zf_cuda_compute_waits(dev, st->d2h_done);
@@ -408,9 +408,9 @@ static void zf_cuda_params_prefetch(void* ctx, const ZenFlow* zf, const float* h
     dev->prefetched = 1;
 }
 
-// The CPU's columns into the working copy, before the next forward pass; all, or (a
-// synchronous update, per layer) one layer's just before that layer's forward: the default
-// stream waits only for this group's copy, the later ones are still on their way
+// The CPU's columns into the working copy before the next forward pass: all of them, or (a
+// synchronous update, per layer) one group just before its layer's forward. The default
+// stream waits only for this group's copy; the later ones are still on their way.
 static void zf_cuda_params_from_host(void* ctx, const ZenFlow* zf, const float* host, int group) {
     ZfCudaDevice* dev = (ZfCudaDevice*)ctx;
     if (zf->own.cpu_elems == 0) { return; }
@@ -420,8 +420,8 @@ static void zf_cuda_params_from_host(void* ctx, const ZenFlow* zf, const float* 
     if (group < 0 || group == zf->own.num_groups - 1) { dev->prefetched = 0; }  // the transfer's last part
     zf_cuda_compute_waits(dev, st->h2d_done);
     zf_cuda_move_columns(dev, dev->params, st, r, 0);
-    // the step of the apply counts the bytes uploaded for it, a prefetch's included (its job
-    // was waited for before this call, and the next prefetch starts only after it)
+    // the apply's step counts the bytes uploaded for it, a prefetch's too: its job was waited
+    // for before this call, and the next prefetch starts only after it
     dev->stats.h2d_bytes += __atomic_exchange_n(&dev->stats.uploaded_bytes, 0LL, __ATOMIC_RELAXED);
 }
 

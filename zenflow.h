@@ -304,9 +304,9 @@ static inline ZfTicket zf_submit_job(ZenFlow* zf, ZfWorker* thread, ZfJobFn fn, 
     return ZfTicket{thread, zf_worker_submit(thread, fn, arg)};
 }
 
-// waits for one job (and so every earlier one of its thread). While the main thread blocks
-// here the GPU gets no new work: the time it then idles is a stall (spec 8), measured below by
-// zf_stall_begin and zf_stall_end (and the GPU's own waits for copies by zf_cuda_compute_waits).
+// Waits for one job, and so for every earlier job of its thread. While the main thread blocks
+// here the GPU gets no new work: the time it idles is a stall (spec 8), which zf_stall_begin
+// and zf_stall_end measure. (The GPU's own waits for copies: zf_cuda_compute_waits.)
 static inline void zf_wait_job(ZenFlow* zf, ZfTicket job) {
     if (!zf_worker_finished(job.thread, job.ticket)) {  // else (or no job) no wait, and no stall
         double t0 = zf_stall_begin(zf);
@@ -328,9 +328,9 @@ static inline int zf_selects_at(const ZenFlow* zf, int t) {
     return first || due;
 }
 
-// Zeroes the gradients and takes this step's landing buffer (with overlap two take turns). The
-// layers' gradient columns may leave during the backward where the ownership is known (not at
-// t = 0 or a selection) and the buffer's last reader, two steps old, is done (no waiting here).
+// Zeroes the gradients and picks this step's landing buffer (with overlap, two take turns).
+// The layers' gradient columns leave during the backward only if the ownership is known (not
+// at t = 0, not at a selection) and the buffer's last reader, two steps old, is done: no wait.
 static inline void zf_before_backward(ZenFlow* zf, int t) {
     ZfLanding* l = &zf->landing;
     const int may_leave = zf->cfg.pipeline && t > 0 && !zf_selects_at(zf, t) && zf->own.cpu_elems > 0;
@@ -364,9 +364,9 @@ static inline void zf_backward_layer_done(ZenFlow* zf, int l) {
 // ----------------------------------------------------------------------------
 // the step: after the backward pass of step t has produced g_t
 
-// 4.4: g_t's CPU-owned columns (-za gpu: A) to `host` at once, or, where they have been leaving
-// into early_dest (the same buffer), the groups still here: the embeddings' (group 0), whose
-// gradient is final only once the whole backward is done
+// 4.4: g_t's CPU-owned columns (-za gpu: A) to `host`, all at once. If the layers' columns
+// left during the backward (early_dest is `host`), only group 0 is left: the embeddings, whose
+// gradient is final only after the whole backward.
 static inline void zf_grads_to_host(ZenFlow* zf, float* host) {
     if (zf->pipe.early_dest == NULL) {
         zf->backend.grads_to_host(zf->backend.ctx, zf, host, -1);
@@ -401,9 +401,9 @@ static inline void zf_layout(ZenFlow* zf) {
     own->gpu_sel_elems = gpu;
 }
 
-// where a matrix's column of rank r in cols_by_owner keeps its (m, v): *on_gpu = 1, in the
-// host copy of the GPU's moments (after the vectors'; column by column like the CPU's: the
-// backend transposes its by-row layout on the way); else in the CPU's packed buffers
+// Where the column of rank r in cols_by_owner keeps its (m, v). GPU-owned (*on_gpu = 1): in
+// the host copy of the GPU's moments, after the vectors', column by column like the CPU's (the
+// backend transposes its row-by-row layout on the way). CPU-owned: in the CPU's packed buffers.
 static inline size_t zf_moments_at(const ZfMatrix* mat, int r, size_t vector_elems, int* on_gpu) {
     *on_gpu = r < mat->n_sel;
     if (*on_gpu) { return vector_elems + mat->gpu_offset + (size_t)r * mat->rows; }
@@ -411,8 +411,8 @@ static inline size_t zf_moments_at(const ZfMatrix* mat, int r, size_t vector_ele
 }
 
 // 4.2.4 migrate matrix i: every column's (m, v) moves from where the old ownership `old` kept
-// it (the CPU's m, v or the GPU's gpu_m_old, gpu_v_old) to where the new one keeps it (m_new,
-// v_new or gpu_m_new, gpu_v_new); none is reset or lost
+// it (the CPU's m, v, or gpu_m_old, gpu_v_old) to where the new one keeps it (m_new, v_new, or
+// gpu_m_new, gpu_v_new). None is reset or lost.
 static inline void zf_migrate(ZenFlow* zf, int i, const ZfMatrix* old) {
     ZfSelection* sel = &zf->sel;
     const ZfMatrix* mat = &zf->own.matrices[i];
@@ -438,8 +438,8 @@ static inline void zf_select(ZenFlow* zf, int t) {
     const ZfBackend* be = &zf->backend;
     ZfOwnership* own = &zf->own;
     ZfSelection* sel = &zf->sel;
-    // 4.2.1 drain: the working copy now equals the CPU master on every CPU-owned column, and
-    // the CPU threads are idle (the layouts are about to change under their feet)
+    // 4.2.1 drain: then the working copy equals the CPU master on every CPU-owned column, and
+    // the CPU threads are idle, for the layouts are about to change under them
     zf_drain(zf);
     // keep the old ownership; the GPU's moments of its old columns come to the host, unless
     // this is the very first selection without warm-up: no optimizer state exists yet
@@ -490,8 +490,8 @@ static inline void zf_select(ZenFlow* zf, int t) {
     sel->count++;
 }
 
-// 4.5 step t joins the window, which closes after U steps (warm-up: every step; auto U: as its
-// evaluation decides); returns n if it closed (the next one starts with n = 0), else 0
+// 4.5 step t joins the window, which closes after U steps (in warm-up every step; auto U: as
+// spec 6 decides). Returns the window's n if it closed, else 0; the next one starts at n = 0.
 static inline int zf_window_step(ZenFlow* zf, int t) {
     const int n = zf->win.n + 1;
     const int closes = zf->cfg.update_interval == ZF_AUTO ? zf_auto_step(zf, t, n)  // option: auto U
@@ -518,8 +518,8 @@ static inline void zf_wait_and_apply(ZenFlow* zf) {
     zf->win.pending = 0;
 }
 
-// 4.6 with overlap (spec 5): window w's update (A = acc_job) goes to the updater thread, once
-// `after` is done; the next boundary applies it, one window late
+// 4.6 with overlap (spec 5): window w's update, with A = acc_job, goes to the updater thread.
+// It starts once `after` is done; the next boundary applies it, one window late.
 static inline void zf_submit_window(ZenFlow* zf, ZfTicket after, int n, int s, ZfAdamHyper hyper) {
     ZfWindow* w = &zf->win;
     w->job = ZfWindowJob{zf, w->acc_job, n, s, hyper, 1, after, 0.0};
@@ -570,9 +570,9 @@ static inline void zf_step(ZenFlow* zf, int t, ZfAdamHyper hyper) {
     // 4.5 the boundary: the window of n steps closes, and the next starts with n = 0
     const int n = zf_window_step(zf, t);
     if (n == 0) { return; }
-    // 4.6 apply window w-1's result (its update read acc_job, free now); freeze window w's A (this
-    // step's accumulation still adds into it, through its job's own pointer); the updater starts
-    // once that one is done
+    // 4.6 apply window w-1's result; its update has read acc_job, free now. Freeze window w's A
+    // in acc_job (this step's accumulation still adds into it: its job holds the pointer), and
+    // hand it to the updater, which starts once that accumulation is done.
     zf_wait_and_apply(zf);
     std::swap(zf->win.acc, zf->win.acc_job);
     zf_submit_window(zf, accumulation, n, s, hyper);
