@@ -16,9 +16,9 @@ working copy stays on the device in the model's layout; the backend (ZfBackend) 
 The file reads in the order of one default step (zenflow, k 0.1, U 4, overlap, accumulation on
 the CPU, transfers layer by layer): the state; how jobs are run and waited for; before and
 during the backward; the selection, the boundary and zf_step itself; the two CPU jobs; the
-drain. Each option enters through one named call (-za gpu: two) and lives below; then setup,
-checkpoints, the measurement and the command line. docs/teaching.md, section 5, explains the
-threads and waits, and what each option costs.
+drain. Each option enters the step through one named call (-za gpu: two; synchronous updates
+one more, in the drain) and lives below; then setup, checkpoints, the measurement and the
+command line. docs/teaching.md, section 5, explains the threads and what each option costs.
 */
 #ifndef ZENFLOW_H
 #define ZENFLOW_H
@@ -615,7 +615,7 @@ static int zf_window_update(void* arg) {
 }
 
 // ----------------------------------------------------------------------------
-// drain (spec 4.7): before the end of training, a checkpoint, a selection or an evaluation
+// drain (spec 4.7): at the end of training and before a selection (a checkpoint: zf_wait_idle)
 
 // waits until the CPU threads are idle: every job submitted so far has finished (a window
 // update waiting to be applied stays pending)
@@ -630,8 +630,8 @@ static inline void zf_wait_idle(ZenFlow* zf) {
     zf_check_workers(zf);
 }
 
-// Finishes a synchronous update still going in layer by layer (none with overlap), applies the
-// pending window, waits for every job: no error goes unreported, nothing is traced after.
+// Finishes a synchronous update still going in layer by layer (option), applies the pending
+// window, waits for every job: no error goes unreported, nothing is traced after.
 static inline void zf_drain(ZenFlow* zf) {
     zf_apply_pending(zf);
     zf_wait_and_apply(zf);
@@ -639,7 +639,7 @@ static inline void zf_drain(ZenFlow* zf) {
 }
 
 // ============================================================================
-// The options, each entering the default step through one named call (-za gpu: two)
+// The options, each entering the step through one named call (-za gpu: two; -zv 0, one more)
 // ============================================================================
 
 // ----------------------------------------------------------------------------
