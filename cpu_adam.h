@@ -21,7 +21,7 @@ typedef struct {
     float beta1;         // default 0.9
     float beta2;         // default 0.95
     float eps;           // default 1e-8
-    float weight_decay;  // 0 for vectors (spec 1); it is still applied as 0*p, see .cpp
+    float weight_decay;  // 0 for vectors (spec 1); it is still applied as 0*p, see llmc/adamw.h
 } ZfAdamHyper;
 
 // ---------------------------------------------------------------------------------------

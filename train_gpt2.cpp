@@ -207,7 +207,7 @@ void matmul_forward(float* out,                                // (B, T, OC)
 // keeps it in registers; the tiles at the edges (fewer rows or columns) take the same path.
 #define TILE_ROWS 8
 #define TILE_COLS 16
-// the weight rows of one dinp pass: a block of 64 rows (768 KiB at GPT-2's widest, C = 3072)
+// the weight rows of one dinp pass: a block of 64 rows (768 KiB at GPT-2 124M's widest, 4C = 3072)
 // stays in cache while every column tile of the 8 rows takes its products from it
 #define DINP_WEIGHT_ROWS 64
 
@@ -520,7 +520,7 @@ typedef struct {
     size_t num_parameters;
     ParameterTensors grads;
     float* grads_memory;
-    // activations and their gradients, allocated for the largest batch (B, T) seen
+    // activations and their gradients, allocated for the last (B, T) that did not fit
     ActivationTensors acts, grads_acts;
     float* acts_memory;
     float* grads_acts_memory;
@@ -702,7 +702,8 @@ void gpt2_free(GPT2* model) {
 // trainer's versions are in zenflow.cuh). Here the "GPU" is simply the model's own
 // buffers. The GPU-side moments live in the model's layout (one m and v per parameter,
 // meaningful where the "GPU" owns the element), so in adamw mode the GPU-side AdamW is one
-// flat pass; they are packed into zenflow.h's layout only when ownership moves. AdamW is
+// flat pass; they are packed into zenflow.h's layout only when ownership moves and at a
+// checkpoint. AdamW is
 // elementwise, so the layout cannot change a single bit.
 
 typedef struct {
@@ -960,8 +961,8 @@ void zf_cpu_init(ZenFlow* zf, CpuDevice* dev, GPT2* model, ZfConfig cfg) {
     zf_init(zf, cfg, &model->config, be);
     dev->model = model;
     // they stand for cudaMalloc'ed memory, which has its pages from the start: in zenflow
-    // mode the first selection scatters columns over nearly every page of them, and would
-    // otherwise count Linux's first-write page faults as its time (d12: 1-2 s)
+    // mode the first GPU-side AdamW (or a migration) scatters columns over nearly every page
+    // of them, and would otherwise count Linux's first-write page faults as its time (d12: 1-2 s)
     size_t n = model->num_parameters;
     int zenflow = zf->cfg.mode == ZF_MODE_ZENFLOW;
     dev->gpu_m = zf_host_zeros(n, zenflow);
@@ -1043,6 +1044,10 @@ int main(int argc, char* argv[]) {
     train_args_parse(&args, argc, argv, ZF_USAGE);
     train_args_refuse(train_args_zflag(&args, 'm') != NULL, "-zm", "the CUDA trainer has it; -tr traces");
     ZfConfig zcfg = zf_parse_flags(args.zflags, "dm");  // -zd, -zm: the trainers' own
+    if (train_args_zflag(&args, 'd') != NULL && zf_effective_config(zcfg).accumulate == ZF_ACCUMULATE_GPU) {
+        fatal("-zd scores every step's gradient, but with -za gpu the CPU-owned columns hold the window's sum "
+              "(hint: -za cpu)");
+    }
     RunDir run;  // -o, -y: llmc/checkpoint.h
     const char* model_spec = run_dir_begin(&run, &args, argc, argv);  // with -y 1, the checkpoint's model
 
@@ -1114,7 +1119,7 @@ int main(int argc, char* argv[]) {
     }
 
     if (run.log) { fclose(run.log); }
-    if (scores_file != NULL) { fclose(scores_file); }
+    if (scores_file != NULL) { fcloseCheck(scores_file, train_args_zflag(&args, 'd')); }
     trace_close();
     zf_cpu_free(&zf, &device);
     train_data_free(&data);

@@ -2,7 +2,8 @@
 GPT-2 training on one GPU in fp32: the analogue of llm.c's train_gpt2_fp32.cu.
 
 It computes the same model as the CPU reference trainer (train_gpt2.cpp), takes the same
-flags and prints the same step lines, so the two can be compared line by line. The kernels
+flags and prints the same step lines (but -f, -zm and the step line's stall and pcie are this
+trainer's, -zd the CPU trainer's), so the two can be compared line by line. The kernels
 are in llmc/cuda_kernels.cuh (each tested and timed on its own in dev/cuda/); this file holds
 the model, the passes, the optimizer step and main. Parameters, gradients and activations
 are fp32 on the GPU, one buffer each; parameters and gradients use the file layout of
@@ -541,7 +542,7 @@ int main(int argc, char* argv[]) {
     model.zf = &zf;
     zf_print_config(&zf);
     printf("[optimizer] matrix elements M = %zu: the CPU owns %zu after the first selection, the GPU %zu\n",
-           zf.own.matrix_elems, zf.own.cpu_capacity, zf.own.gpu_capacity);
+           zf.own.matrix_elems, zf.own.matrix_elems - zf.own.gpu_capacity, zf.own.gpu_capacity);
     gpt2_allocate(&model, B, T);
     print_memory_table(&model, &zf);
 
@@ -590,7 +591,7 @@ int main(int argc, char* argv[]) {
 
     gpu_trace_close();
     if (run.log) { fclose(run.log); }
-    if (metrics) { fclose(metrics); }
+    if (metrics) { fcloseCheck(metrics, metrics_path); }
     zf_cuda_free(&zf, &device);
     train_data_free(&data);
     gpt2_free(&model);

@@ -715,9 +715,9 @@ static void zf_cuda_add_fence(ZfCudaDevice* dev, const float* host, size_t bytes
             fatal("could not pin %.1f MiB of host memory (%s) (hint: free host memory, or raise the "
                   "locked-memory limit: ulimit -l)", bytes / 1048576.0, cudaGetErrorString(err));
         } else {
-            cudaGetLastError();  // clear it: the copies still work, but each one blocks the launch thread
-            fprintf(stderr, "WARNING: could not pin %.1f MiB of host memory (%s): every copy to it blocks "
-                    "the thread that launches the GPU's work, and nothing overlaps (hint: free host memory, or "
+            cudaGetLastError();  // clear it: the copies still work, but block the thread that issues them
+            fprintf(stderr, "WARNING: could not pin %.1f MiB of host memory (%s): copies to and from it block "
+                    "the thread that issues them, and most of the overlap is lost (hint: free host memory, or "
                     "raise the locked-memory limit: ulimit -l)\n", bytes / 1048576.0, cudaGetErrorString(err));
         }
     }
@@ -903,15 +903,16 @@ static void zf_cuda_free(ZenFlow* zf, ZfCudaDevice* dev) {
 // Measured on the default stream: each wait of that stream for a copy, and each time the
 // main thread blocks on the CPU side (zenflow.h's host_blocks: a wait for the CPU threads, a
 // synchronous update, a whole selection with its migration), is bracketed by two timing
-// events; their elapsed time is how long the GPU had nothing to do. Compute = the step's
-// elapsed time on the default stream minus the stall.
+// events; their elapsed time is how long the GPU had nothing to do (a selection's and the
+// warm-up start's own kernels and copies, queued inside their bracket, count as stall too).
+// Compute = the step's elapsed time on the default stream minus the stall.
 
 // what one step cost (zf_cuda_step_end)
 typedef struct {
     double gpu_ms;      // default stream, from the step's first to its last event
     double stall_ms;    // of that: waiting for a copy or for the CPU side
     double compute_ms;  // gpu_ms - stall_ms
-    double cpu_ms;      // CPU optimizer work done during the step (either thread)
+    double cpu_ms;      // CPU optimizer work that finished during the step (any thread, whole jobs)
     double d2h_bytes, h2d_bytes;  // ZenFlow's PCIe traffic of the step
 } ZfStepStats;
 

@@ -205,7 +205,7 @@ typedef struct {  // the window (spec 4.5, 4.6)
 
 typedef struct {  // selection (4.2)
     int last_step, count;    // the last selection's step; how many so far
-    int moved_columns;       // columns that changed owner at the last selection
+    int moved_columns;       // columns that moved to the GPU at the last selection
     // the CPU's moments in the new layout (cpu_capacity each); host copies of all GPU moments
     // before and after (vector_elems + gpu_capacity each, matrix columns packed column by
     // column like the CPU's), for migrations and checkpoints
@@ -242,7 +242,7 @@ typedef struct {  // measurement and reporting
     long cpu_updates, cpu_updates_shown;  // ... how many have finished, and been reported
     long long cpu_work_us;   // all CPU optimizer work so far; both threads add (atomically)
     int stall_depth;         // zf_stall_begin's nesting (a selection drains the CPU side)
-    int failed_step;         // the step whose accumulation a fault injection failed
+    int failed_step;         // the step whose job a fault injection failed
     long groups_out, groups_in;  // transfer groups moved layer by layer so far
     FILE* selection_log;     // cfg.selection_log, open
     double host_need_mib, host_available_mib;  // the host-memory check at init ...
@@ -639,7 +639,8 @@ static inline void zf_drain(ZenFlow* zf) {
 }
 
 // ============================================================================
-// The options, each entering the step through one named call (-za gpu: two; -zv 0, one more)
+// The options, each entering the step through one named call (-za gpu: two; synchronous
+// updates, one more in the drain)
 // ============================================================================
 
 // ----------------------------------------------------------------------------
@@ -723,7 +724,7 @@ static inline void zf_step_synchronous(ZenFlow* zf, int t, ZfAdamHyper hyper) {
 
 // Hook: layer l's forward comes next (l = -1: the encoder's, which reads wte and wpe). A
 // synchronous update still under way puts the groups up to that layer in place first; with
-// overlap there is none, and this returns at once.
+// overlap there is none after the warm-up, and this returns at once.
 static inline void zf_forward_layer(ZenFlow* zf, int l) {
     ZfPipeline* p = &zf->pipe;
     if (p->apply_src == NULL) { return; }
@@ -763,7 +764,8 @@ static inline void zf_step_gpu_sum(ZenFlow* zf, int t, ZfAdamHyper hyper) {
 
 // ----------------------------------------------------------------------------
 // auto U (spec 6): at the end of a step that does not close its window the device sums |g|
-// over each matrix's GPU-owned elements (c) and |A| over its CPU-owned ones (u); one step
+// over each matrix's GPU-owned elements (c), and |A| over its CPU-owned ones (u) is summed on
+// the device (-za gpu) or by a job on the accumulator thread (-za cpu); one step
 // later (they were ready long ago) zf_auto_closes reads them: the window closes at the next
 // step once 99% of the matrices have u >= the window's mean c, or after U_max steps.
 
@@ -877,7 +879,7 @@ static inline ZfJobFn zf_fault_injection(ZenFlow* zf, ZfJobFn fn, int s) {
 // ============================================================================
 
 // ----------------------------------------------------------------------------
-// the host memory. zf_init checks that the CPU side fits before it allocates anything:
+// the host memory. zf_init checks that the CPU side fits before it allocates its buffers:
 // zf_host_zeros writes every page at once, and a CPU side that does not fit would otherwise
 // be killed by the kernel's OOM killer without a word.
 
@@ -893,8 +895,9 @@ static inline int zf_landing_buffers(const ZfConfig* cfg) {
 
 // The most host memory zf_init allocates, in bytes: master, m, v (c floats each); in zenflow
 // mode the two accumulators, the GPU-side moments' four copies and the backend's (g each); the
-// migration's m and v; the landing buffers. (Other modes move the GPU's moments to the host at
-// a checkpoint only, through buffers made then.)
+// migration's m and v; the landing buffers. (Other modes need host copies of the GPU's
+// moments only at a checkpoint: the selection's buffers, allocated but untouched until then,
+// and not counted here.)
 static inline double zf_host_bytes(const ZfConfig* cfg, size_t c, size_t g, int backend_copies) {
     const int zenflow = cfg->mode == ZF_MODE_ZENFLOW, migrates = zf_migrates(cfg);
     return 4.0 * ((3.0 + 2.0 * zenflow + 2.0 * migrates + zf_landing_buffers(cfg)) * c +
@@ -908,16 +911,18 @@ static inline double zf_host_bytes(const ZfConfig* cfg, size_t c, size_t g, int 
 static inline double zf_host_memory_available(const char** source) {
     const char* fake = getenv("ZF_HOST_MEMORY_MB");
     *source = "ZF_HOST_MEMORY_MB";
-    if (fake != NULL) { return atof(fake) * 1048576.0; }
-    *source = "MemAvailable";
+    if (fake != NULL) { return parse_double("ZF_HOST_MEMORY_MB (environment)", fake, 0.0, 1e12) * 1048576.0; }
+    *source = "unknown: no /proc/meminfo";
     FILE* fp = fopen("/proc/meminfo", "r");
     if (fp == NULL) { return -1.0; }
+    *source = "unknown: no MemAvailable in /proc/meminfo";
     char line[256];
     double kib = -1.0;
     while (fgets(line, sizeof(line), fp) != NULL) {
         if (sscanf(line, "MemAvailable: %lf kB", &kib) == 1) { break; }
     }
     fclose(fp);
+    if (kib >= 0) { *source = "MemAvailable"; }
     return kib < 0 ? -1.0 : kib * 1024.0;
 }
 
@@ -928,7 +933,7 @@ static inline void zf_check_host_memory(ZenFlow* zf) {
     double available = zf_host_memory_available(&source);
     if (available >= 0 && need > available) {
         fatal("ZenFlow's CPU side needs %.2f MiB of host memory and %.2f MiB are available (%s) (hint: "
-              "a smaller model; in zenflow mode also a larger -zk (fewer columns on the CPU), "
+              "a smaller model; in zenflow mode also a larger -zk without -zw (fewer columns on the CPU), "
               "-za gpu (no landing buffers), -zv 0 (one instead of two) or -zs 0 without -zw "
               "(no migration buffers); on a virtual machine whose memory grows as it is used, "
               "ZF_HOST_MEMORY_MB=<MiB> says how much it can have)",
@@ -936,7 +941,7 @@ static inline void zf_check_host_memory(ZenFlow* zf) {
     }
     zf->stats.host_need_mib = need / 1048576.0;  // for the trainers' [memory] line
     zf->stats.host_available_mib = available / 1048576.0;
-    zf->stats.host_source = available >= 0 ? source : "unknown: no /proc/meminfo";
+    zf->stats.host_source = source;
 }
 
 // A CPU-side buffer of n zeros; now = 1: written at once, by every thread. Linux maps a page
@@ -1062,7 +1067,7 @@ static inline void zf_init(ZenFlow* zf, ZfConfig cfg, const GPT2Config* model, Z
     zf->win.acc = zf_host_zeros(c, zenflow);
     zf->win.acc_job = zf_host_zeros(c, zenflow);
     zf->landing.count = zf_landing_buffers(&cfg) > 0 ? zf_landing_buffers(&cfg) : 1;
-    for (int i = 0; i < zf_landing_buffers(&cfg); i++) { zf->landing.buf[i] = zf_host_zeros(c, 0); }
+    for (int i = 0; i < zf_landing_buffers(&cfg); i++) { zf->landing.buf[i] = zf_host_zeros(c, 1); }
     ZfSelection* sel = &zf->sel;
     sel->m_new = zf_host_zeros(c, migrates);
     sel->v_new = zf_host_zeros(c, migrates);
@@ -1075,7 +1080,7 @@ static inline void zf_init(ZenFlow* zf, ZfConfig cfg, const GPT2Config* model, Z
     zf->autou.sum_cpu = (double*)callocCheck(own->num_matrices, sizeof(double));
     if (cfg.selection_log != NULL) { zf->stats.selection_log = fopenCheck(cfg.selection_log, "w"); }
 
-    // the CPU's two worker threads (spec 5), with overlap
+    // the CPU's worker threads (spec 5), with overlap: the updater, and with -za cpu the accumulator
     if (cfg.overlap) {
         ZfCpuSide* cpu = &zf->cpu;
         zf_team_sizes(zf_cpu_cores(), cfg.accumulate == ZF_ACCUMULATE_CPU, &cpu->updater_threads,
@@ -1096,7 +1101,7 @@ static inline void zf_free(ZenFlow* zf) {
     status = zf_worker_destroy(zf->cpu.accumulator);
     if (status != 0) { fprintf(stderr, "error: the CPU accumulator failed with code %d\n", status); }
     zf->cpu.updater = zf->cpu.accumulator = NULL;
-    if (zf->stats.selection_log != NULL) { fclose(zf->stats.selection_log); }
+    if (zf->stats.selection_log != NULL) { fcloseCheck(zf->stats.selection_log, zf->cfg.selection_log); }
     zf->stats.selection_log = NULL;
     for (int i = 0; i < zf->own.num_matrices; i++) { free(zf->own.matrices[i].cols_by_owner); }
     void* buffers[] = {zf->own.matrices, zf->own.group_mats, zf->own.group_start, zf->autou.c_sum,
@@ -1169,11 +1174,14 @@ static inline void zf_load_state(void* ctx, FILE* fp, const char* path) {
     const ZfConfig* c = &zf->cfg;
     if (topk != c->topk || ints[0] != (int)c->mode || ints[1] != c->update_interval ||
         ints[2] != c->select_interval || ints[3] != c->warmup || ints[4] != c->overlap) {
-        fatal("%s: written with -zo %s -zk %g -zu %d -zs %d -zw %d -zv %d, but this run uses "
-              "-zo %s -zk %g -zu %d -zs %d -zw %d -zv %d (hint: resume with the same flags)",
-              path, ints[0] >= 0 && ints[0] < 3 ? zf_mode_names[ints[0]] : "?", topk, ints[1], ints[2], ints[3], ints[4],
-              zf_mode_names[c->mode], c->topk, c->update_interval, c->select_interval,
-              c->warmup, c->overlap);
+        char was_u[16], now_u[16];  // -zu as the flag reads: a number, or auto
+        snprintf(was_u, sizeof(was_u), "%d", ints[1]);
+        snprintf(now_u, sizeof(now_u), "%d", c->update_interval);
+        fatal("%s: written with -zo %s -zk %g -zu %s -zs %d -zw %d -zv %d, but this run uses "
+              "-zo %s -zk %g -zu %s -zs %d -zw %d -zv %d (hint: resume with the same flags)",
+              path, ints[0] >= 0 && ints[0] < 3 ? zf_mode_names[ints[0]] : "?", topk,
+              ints[1] == ZF_AUTO ? "auto" : was_u, ints[2], ints[3], ints[4], zf_mode_names[c->mode], c->topk,
+              c->update_interval == ZF_AUTO ? "auto" : now_u, c->select_interval, c->warmup, c->overlap);
     }
     if (more[2] != own->num_matrices) { fatal("%s: written for another model", path); }
     if (more[3] != c->accumulate) {  // A lives on the host with cpu, in the gradient buffer with gpu
@@ -1298,8 +1306,8 @@ static inline void zf_print_config(const ZenFlow* zf) {
     }
 }
 
-// The step line's ZenFlow part, each figure on the steps where it is new: `cpu` when a window
-// update has finished, `moved` and `select` when the step selected, `window` (auto U) when it
+// The step line's ZenFlow part, each figure on the steps where it is new: `cpu` when a finished
+// window update was waited for, `moved` and `select` when the step selected, `window` (auto U) when it
 // closed one
 static inline void zf_print_step_stats(ZenFlow* zf) {
     ZfStats* st = &zf->stats;
@@ -1330,7 +1338,7 @@ static inline void zf_print_step_stats(ZenFlow* zf) {
     "  -zd <string> write every step's column scores to this file (CPU trainer; the locality study)\n" \
     "  -zm <string> write per-step measurements as CSV to this file (CUDA trainer)\n" \
     "Step line: loss of the batch before the update; cpu = the last window update's CPU time and\n" \
-    "moved = columns that changed owner at the last selection, each shown when it changes;\n" \
+    "moved = columns that moved to the GPU at the last selection, each shown when it changes;\n" \
     "(CUDA) stall = ms the GPU waited for a copy or the CPU side, pcie = MB moved both ways.\n"
 
 // The ZenFlow config of the -z<letter> flags (z[letter - 'a'], NULL: not given). The letters

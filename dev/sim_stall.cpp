@@ -45,8 +45,8 @@ typedef struct {
     double hbm_gbs;      // -w HBM bandwidth: 4800 GB/s (the datasheet's HBM3e figure)
     double pcie_gbs;     // -p per direction: 50 GB/s. PCIe 5.0 x16 is 63 GB/s raw (32 GT/s x 16
                          //    lanes, 128b/130b); pinned cudaMemcpy reaches about 80% of that
-    double launch_ms;    // -l the launch thread's CPU work a step, on an idle host: 5 ms (about
-                         //    600 launches and 170 matmuls of a d12 step at a few us each)
+    double launch_ms;    // -l the launch thread's CPU work a step, on an idle host: 5 ms (the
+                         //    several hundred launches of a d12 step, ~220 of them matmuls)
     int B, T;
 } SimMachine;
 

@@ -71,6 +71,11 @@ static inline float* cuda_malloc_check(size_t bytes, const char* what, const cha
         size_t free_bytes = 0, total_bytes = 0;
         cudaGetLastError();  // clear the error so cudaMemGetInfo can answer
         cudaMemGetInfo(&free_bytes, &total_bytes);
+        if (err != cudaErrorMemoryAllocation) {  // e.g. a kernel before it faulted: the error is sticky
+            fatal("cudaMalloc of %.1f MiB for %s failed: %s at %s:%d (hint: an earlier kernel may have "
+                  "failed; rerun with CUDA_LAUNCH_BLOCKING=1 to find it)", bytes / 1048576.0, what,
+                  cudaGetErrorString(err), file, line);
+        }
         fatal("out of GPU memory: cudaMalloc of %.1f MiB for %s failed (%s; %.1f MiB free of "
                 "%.1f MiB) at %s:%d (hint: lower -b or -t, or use a smaller model)",
                 bytes / 1048576.0, what, cudaGetErrorString(err), free_bytes / 1048576.0,
@@ -123,8 +128,8 @@ static inline int cuda_device_available(char* reason, size_t size) {
 }
 
 // picks device 0 or fails with one line; returns its properties. Host threads that wait for
-// the GPU sleep instead of spinning (blocking sync): ZenFlow's CPU optimizer runs an OpenMP
-// team on every core meanwhile, and a spinning thread would halve the speed of one of them
+// the GPU sleep instead of spinning (blocking sync): ZenFlow's CPU optimizer runs OpenMP
+// teams meanwhile (below 4 cores on every core), and a spinning thread would halve the speed of one of them
 // (a static schedule waits for its slowest thread). A wake-up costs microseconds. (The device
 // flag covers device and stream waits; cudaEventSynchronize busy-waits unless the event
 // itself was created with cudaEventBlockingSync, so every event a host thread waits for is.)

@@ -37,7 +37,8 @@ typedef struct {
     const float* (*params)(void* ctx);
     // before a stop exits: no CPU job is still running and every span is in the trace
     void (*stop)(void* ctx);
-    // before the last step's evaluation and checkpoint: every update in the parameters
+    // before the last step's evaluation and checkpoint: every update handed to the CPU in the
+    // parameters (spec 4.7: a window still open is not applied)
     void (*finish)(void* ctx);
 } TrainerModel;
 

@@ -84,6 +84,15 @@ static inline void fwrite_check(const void* ptr, size_t size, size_t count, FILE
 #define fwriteCheck(ptr, size, count, fp, what) \
     fwrite_check(ptr, size, count, fp, what, __FILE__, __LINE__)
 
+// closes a file we wrote, or fails: a full disk may show only when the last buffered bytes go
+static inline void fclose_check(FILE* fp, const char* what, const char* file, int line) {
+    if (fclose(fp) != 0) {
+        fatal("%s: could not finish writing it: %s (hint: is the disk full? called from %s:%d)", what,
+              strerror(errno), file, line);
+    }
+}
+#define fcloseCheck(fp, what) fclose_check(fp, what, __FILE__, __LINE__)
+
 static inline void* malloc_check(size_t size, const char* file, int line) {
     void* ptr = malloc(size);
     if (ptr == NULL && size > 0) {

@@ -5,8 +5,9 @@
 #   bash scripts/install_deps.sh run   what `make run` needs: python3-numpy and python3-regex
 #                                      (data preparation: GPT-2's tokenizer pattern)
 #   bash scripts/install_deps.sh       everything (`make test`): also python3-torch (the
-#                                      PyTorch references), python3-matplotlib (the plots), and
-#                                      from PyPI transformers, safetensors and huggingface_hub
+#                                      PyTorch references), python3-matplotlib (the plots), clang
+#                                      with libFuzzer's runtime (the fuzzers), and from PyPI
+#                                      transformers, safetensors and huggingface_hub
 #                                      (scripts/convert_hf.py and its test), pinned below
 # Does nothing when everything is there; needs root (or sudo) only when it must install.
 set -euo pipefail
@@ -18,6 +19,10 @@ wanted="numpy:python3-numpy regex:python3-regex"
 PYPI_PINS="transformers==4.45.2 safetensors==0.8.0 huggingface_hub==0.36.2"
 missing=()
 [ -f /usr/include/xxhash.h ] || missing+=(libxxhash-dev)
+if [ "${1:-all}" != run ]; then  # the fuzzers (make fuzz, part of make test): clang and libFuzzer
+    command -v clang++ >/dev/null 2>&1 || missing+=(clang)
+    ls /usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a >/dev/null 2>&1 || missing+=(libclang-rt-dev)
+fi
 for pair in $wanted; do
     module=${pair%%:*}
     package=${pair#*:}

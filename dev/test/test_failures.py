@@ -17,6 +17,9 @@ CUDA source on the CPU emulator). The case dir is a test reference (dev/test/ref
 3. a non-finite parameter (a nan planted in lnfw of the model file): refused when the file is
    loaded, before any step: exit 1, one line naming the file and the tensor lnfw, with the hint
    that no learning rate trains it (not "lower -l").
+4. a loss that is not finite during training (lnfw set to 3e38, finite: the forward pass
+   overflows at step 1): exit 1, one line with the step, the loss and that every parameter is
+   finite, before any step line.
 Prints one line per check and `failures: N passed, M failed`; exit 1 on failure.
 """
 import os
@@ -51,6 +54,23 @@ def logged_steps(outdir):
 
 def stderr_lines(text):
     return [l for l in text.splitlines() if l.strip()]
+
+
+def planted_lnfw(trainer, case, tmp, name, value, count):
+    """the arguments of a 5-step run on a copy of the case's model whose first `count` lnfw
+    weights (None: all C) are `value` (lnfw is the second-to-last tensor: the last 2C floats
+    are lnfw, lnfb)"""
+    with open(f"{case}/model.bin", "rb") as f:
+        data = bytearray(f.read())
+    C = struct.unpack_from("<i", data, 4 * 6)[0]
+    for k in range(C if count is None else count):
+        struct.pack_into("<f", data, len(data) - 4 * 2 * C + 4 * k, value)
+    path = os.path.join(tmp, name)
+    with open(path, "wb") as f:
+        f.write(data)
+    argv = base_args(trainer, case, 5)
+    argv[argv.index("-e") + 1] = path
+    return argv
 
 
 def one_line_failure(argv, needles, env=None, max_step=None):
@@ -116,18 +136,18 @@ def main():
                       *one_line_failure(argv, needles_on if overlap == "1" else needles_off, env, int(step) + 1))
 
         # 3. a nan in lnfw (the second-to-last tensor: the last 2C floats are lnfw, lnfb)
-        with open(f"{case}/model.bin", "rb") as f:
-            data = bytearray(f.read())
-        C = struct.unpack_from("<i", data, 4 * 6)[0]
-        struct.pack_into("<f", data, len(data) - 4 * 2 * C, float("nan"))
-        bad_model = os.path.join(tmp, "nan_model.bin")
-        with open(bad_model, "wb") as f:
-            f.write(data)
-        argv = base_args(trainer, case, 5)
-        argv[argv.index("-e") + 1] = bad_model
+        argv = planted_lnfw(trainer, case, tmp, "nan_model.bin", float("nan"), 1)
         problems, detail = one_line_failure(argv, ["nan_model.bin", "lnfw", "no learning rate"])
         check("nan parameter", problems + (["blamed on the learning rate"] if "lower the learning rate" in detail else []),
               detail)
+
+        # 4. finite but huge lnfw: the logits overflow, the loss is nan at step 1 (gpt2_fatal_loss)
+        argv = planted_lnfw(trainer, case, tmp, "huge_model.bin", 3e38, None)
+        problems, detail = one_line_failure(argv, ["step 1:", "the loss is", "all parameters are finite"])
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+        if re.search(r"^step \d+/\d+ \| loss", r.stdout, re.M):
+            problems.append("printed a step line for a non-finite loss")
+        check("non-finite loss", problems, detail)
 
     return check.summary("failures")
 
