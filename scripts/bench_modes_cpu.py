@@ -3,11 +3,12 @@
 
 Runs ./train_gpt2cpu in the three modes (adamw, offload, zenflow) for a few steps with the
 timeline trace (-tr), and splits every traced step from its trace:
-  compute    track 1: forward, backward, GPU-side AdamW, select + migrate
-  stall      track 5: the training loop waiting for the CPU's AdamW ("wait for CPU",
-             "wait for CPU (synchronous)")
+  compute    track 1: forward, backward, GPU-side AdamW
+  stall      track 5: the training loop waiting for the CPU ("wait for CPU", "wait for CPU
+             (synchronous)", and a selection's "select + migrate", spec 8); nested waits
+             (a selection's drain) count once
   other      the rest of the step: the transfer stand-ins (track 2 "gradients", track 3
-             "apply"), the accumulation A += g ("accumulate"), bookkeeping
+             "apply"), bookkeeping
   CPU update the CPU's optimizer work per step: "window update" (track 4, the updater) +
              "accumulate" (track 6, the accumulator), whether it ran in the background or
              the loop waited for it
@@ -74,6 +75,19 @@ def load_trace(path):
     return out
 
 
+def union_us(intervals):
+    """the total length of a set of (start, end) intervals, overlaps counted once"""
+    total, end = 0.0, None
+    for a, b in sorted(intervals):
+        if end is None or a > end:
+            total += b - a
+            end = b
+        elif b > end:
+            total += b - end
+            end = b
+    return total
+
+
 def step_breakdown(events, skip):
     """Per measured step: dict(step, step_ms, compute_ms, stall_ms, other_ms, cpu_update_ms).
     Measured steps: those after the first `skip` traced steps that have a successor."""
@@ -93,7 +107,7 @@ def step_breakdown(events, skip):
         t0, t1 = starts[s], starts[s + 1]
         mine = [e for e in events if e["step"] == s]
         compute = sum(e["dur"] for e in mine if e["tid"] == 1)
-        stall = sum(e["dur"] for e in mine if e["tid"] == 5)
+        stall = union_us([(e["ts"], e["ts"] + e["dur"]) for e in mine if e["tid"] == 5])
         accumulate = sum(e["dur"] for e in mine if e["name"] == "accumulate")
         # window updates: counted for the step in which they START (the background thread's
         # event carries the step in which it ended)
@@ -259,8 +273,8 @@ def main():
               f"{s['compute_ms']:>8.1f} | {s['stall_ms']:>8.1f} | "
               f"{100 * s['stall_ms'] / s['step_ms']:>6.1f}% | {s['other_ms']:>7.1f} | "
               f"{s['cpu_update_ms']:>10.1f} | {s['steps']:>5} |")
-    print("(ms; compute = forward + backward + GPU-side AdamW + select; stall = waits for the "
-          "CPU;\n other = transfers, accumulate, bookkeeping; CPU update = the CPU's optimizer "
+    print("(ms; compute = forward + backward + GPU-side AdamW; stall = waits for the CPU, a "
+          "selection included;\n other = transfers, bookkeeping; CPU update = the CPU's optimizer "
           "work per step, hidden or not)")
     print(NOTE)
     busy = [o for o in others if o is not None and o > 0.25]

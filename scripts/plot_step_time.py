@@ -6,7 +6,7 @@ pcie_mb_h2d; empty cells are allowed where a value is unknown).
 
 Each mode gets two bars side by side:
   left, stacked, sums to the step time:  compute | stall (waiting for the CPU) |
-        other (= ms_per_step - compute - stall: transfers, accumulation, bookkeeping)
+        other (= ms_per_step - compute - stall: transfers, bookkeeping)
   right, hatched: the CPU's optimizer work per step (cpu_update_ms). When it is as tall as
         the stall, the loop waited for all of it (offload); when the stall is near zero,
         the work ran in the background (zenflow's overlap).
@@ -77,7 +77,7 @@ def plot(rows, out, title=None):
             ax.bar(x, stall, w, bottom=comp, color=colors["stall"],
                    label="stall (waiting for the CPU or a copy)" if first else None)
             ax.bar(x, other, w, bottom=comp + stall, color=colors["other"],
-                   label="other (transfers, accumulate, ...)" if first else None)
+                   label="other (transfers, bookkeeping)" if first else None)
             ax.text(x, step, f"{step:.0f} ms\n{100 * stall / step if step else 0:.0f}% stall",
                     ha="center", va="bottom", fontsize=8)
             if r["cpu"] is not None:

@@ -78,7 +78,8 @@ def fake_trace(path, mode, steps=6):
     """A trace with known durations (ms): forward 100, backward 200, GPU-side AdamW 10;
     offload adds gradients 5, accumulate 7, a synchronous window update of 30 (waited for),
     apply 3; zenflow adds gradients 4 and accumulate 6 every step, and every 2nd step hands
-    a 50 ms window update to the background and waits 2 ms for the previous one."""
+    a 50 ms window update to the background and waits 2 ms for the previous one, with a 1 ms
+    wait nested inside that (as a selection's drain is inside it: counted once)."""
     ev = [{"name": "thread_name", "ph": "M", "pid": 1, "tid": t, "args": {"name": n}}
           for t, n in [(1, "compute"), (2, "device->host"), (3, "host->device"),
                        (4, "CPU updater"), (5, "waits"), (6, "CPU accumulator")]]
@@ -107,6 +108,7 @@ def fake_trace(path, mode, steps=6):
             add(6, "accumulate", 6, s)
             if s % 2 == 0:
                 add(5, "wait for CPU", 2, s)
+                add(5, "wait for CPU", 1, s, at=t - 1.5)  # nested: no more stall
                 add(3, "apply", 1, s)
                 # background: starts now, ends in the next step (so it carries step s+1)
                 add(4, "window update", 50, s + 1, at=t)
