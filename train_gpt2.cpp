@@ -1118,7 +1118,7 @@ int main(int argc, char* argv[]) {
         if (run.log) { fprintf(run.log, "s:%d trl:%f\n", step + 1, model.mean_loss); fflush(run.log); }
     }
 
-    if (run.log) { fclose(run.log); }
+    if (run.log) { fcloseCheck(run.log, "main.log"); }
     if (scores_file != NULL) { fcloseCheck(scores_file, train_args_zflag(&args, 'd')); }
     trace_close();
     zf_cpu_free(&zf, &device);

@@ -590,7 +590,7 @@ int main(int argc, char* argv[]) {
     }
 
     gpu_trace_close();
-    if (run.log) { fclose(run.log); }
+    if (run.log) { fcloseCheck(run.log, "main.log"); }
     if (metrics) { fcloseCheck(metrics, metrics_path); }
     zf_cuda_free(&zf, &device);
     train_data_free(&data);

@@ -117,7 +117,7 @@ static inline void train_args_parse(TrainArgs* a, int argc, char* argv[], const 
             case 'o': a->output_dir = val; break;
             case 'b': a->B = (int)parse_int(flag, val, 1, 1 << 16); break;
             case 't': a->T = (int)parse_int(flag, val, 1, 1 << 20); break;
-            case 'x': a->steps = (int)parse_int(flag, val, 0, 1 << 30); break;
+            case 'x': a->steps = (int)parse_int(flag, val, 0, 99999999); break;  // checkpoint names have 8 digits
             case 'l': a->lr = parse_float(flag, val, 0.0, 10.0); break;
             case 'c': a->weight_decay = parse_float(flag, val, 0.0, 10.0); break;
             case 'v': a->val_every = (int)parse_int(flag, val, 0, 1 << 30); break;

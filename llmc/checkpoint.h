@@ -442,7 +442,7 @@ static inline const char* run_dir_begin(RunDir* run, const TrainArgs* args, int 
             fatal("-y 1: no checkpoint in %s verifies: %s (hint: start a new run with another -o, or -y 2 to "
                     "replace this one)", run->dir, run->skipped);
         }
-        printf("no checkpoint in %s yet: starting from scratch\n", run->dir);
+        printf("no checkpoint in %s yet: starting from scratch (a main.log there is replaced)\n", run->dir);
         return args->model_spec;
     }
     run_dir_check_resume(run, args);
@@ -639,6 +639,13 @@ static inline int run_dir_fresh(const RunDir* run, int step) {
     return step != run->chosen.step || !run->chosen.evaluated;
 }
 
+// a's text for inside '...': each ' closes the quote, adds an escaped one and opens it again
+static inline std::string run_dir_shell_quoted(const std::string& a) {
+    std::string out;
+    for (char ch : a) { out += ch == '\'' ? std::string("'\\''") : std::string(1, ch); }
+    return out;
+}
+
 // the command line again, with -y 1 (shell-quoted where needed)
 static inline std::string run_dir_resume_command(const RunDir* run) {
     std::string cmd;
@@ -651,7 +658,7 @@ static inline std::string run_dir_resume_command(const RunDir* run) {
         cmd += (i ? " " : "") + (a.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_./=:,+-") ==
                                           std::string::npos && !a.empty()
                                       ? a
-                                      : "'" + a + "'");
+                                      : "'" + run_dir_shell_quoted(a) + "'");
     }
     return cmd + " -y 1";
 }
@@ -666,7 +673,7 @@ static inline std::string run_dir_resume_command(const RunDir* run) {
     if (run->dir != NULL && step > 0 && step != run->chosen.step) {
         write_checkpoint(run, step, 0, config, params, opt, loader, rng);
     }
-    if (run->log != NULL) { fclose(run->log); }
+    if (run->log != NULL) { fcloseCheck(run->log, "main.log"); }
     trace_close();
     if (run->dir != NULL && step > 0) {
         fprintf(stderr, "error: interrupted (%s) before step %d: checkpoint %d is in %s; resume with: %s\n", name,

@@ -26,7 +26,7 @@ per step (the step line's pcie) are exact.
 #include "cuda_kernels.cuh"
 #include "trace.h"
 
-#define GPU_TRACE_SPANS 1024  // spans not yet written; when full, the oldest are waited for
+#define GPU_TRACE_SPANS 1024  // spans not yet written; when full, every ended one is waited for and written
 
 typedef struct {
     cudaEvent_t begin, end;

@@ -207,8 +207,11 @@ static inline FileDigest hashed_commit(HashedFile* h) {
     char tmp[4200], path[4096];
     snprintf(tmp, sizeof(tmp), "%s", h->tmp);
     snprintf(path, sizeof(path), "%s", h->path);
-    if (hashed_free(h) != 0) { fatal("%s: close failed: %s", tmp, strerror(errno)); }
-    fatal_unlink = NULL;
+    fatal_unlink = NULL;  // (it points into h, freed now: a failure below unlinks tmp itself)
+    if (hashed_free(h) != 0) {
+        unlink(tmp);
+        fatal("%s: close failed: %s", tmp, strerror(errno));
+    }
     if (rename(tmp, path) != 0) {
         unlink(tmp);
         fatal("%s: rename to %s failed: %s", tmp, path, strerror(errno));

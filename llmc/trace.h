@@ -84,8 +84,9 @@ static inline void trace_close(void) {
     std::lock_guard<std::mutex> lock(g_trace.mu);
     if (g_trace.fp == NULL) { return; }
     fprintf(g_trace.fp, "\n]}\n");
-    fclose(g_trace.fp);
+    FILE* fp = g_trace.fp;
     g_trace.fp = NULL;
+    fcloseCheck(fp, "the trace file (-tr)");
 }
 
 #endif  // LLMC_TRACE_H

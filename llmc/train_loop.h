@@ -127,7 +127,10 @@ static inline void between_steps(RunDir* run, const TrainArgs* a, int step, Trai
         m.stop(m.ctx);
         run_dir_stop(run, step, c, params, opt, &d->train, rng_at_step);
     }
-    if (fresh && step > 0 && train_due(a->checkpoint_every, step, last)) {
+    // -n's checkpoint; none at the step of a stop's checkpoint this run resumed from (its
+    // evaluation was still to do): rewriting it would uncommit it for the time of the write,
+    // and a resume from it does the same evaluation and sample again
+    if (fresh && step > 0 && step != run->chosen.step && train_due(a->checkpoint_every, step, last)) {
         write_checkpoint(run, step, 1, c, m.params(m.ctx), opt, &d->train, *rng);
     }
 }

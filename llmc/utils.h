@@ -85,8 +85,10 @@ static inline void fwrite_check(const void* ptr, size_t size, size_t count, FILE
     fwrite_check(ptr, size, count, fp, what, __FILE__, __LINE__)
 
 // closes a file we wrote, or fails: a full disk may show only when the last buffered bytes go
+// (or in an earlier flush, which left the stream's error flag set)
 static inline void fclose_check(FILE* fp, const char* what, const char* file, int line) {
-    if (fclose(fp) != 0) {
+    const int failed_before = ferror(fp);
+    if (fclose(fp) != 0 || failed_before) {
         fatal("%s: could not finish writing it: %s (hint: is the disk full? called from %s:%d)", what,
               strerror(errno), file, line);
     }

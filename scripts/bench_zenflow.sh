@@ -152,6 +152,72 @@ mode_flags() {
     esac
 }
 
+# ----------------------------------------------------------------------------
+# the table, rewritten before every run, so that a run killed at the time limit leaves the
+# table of every run before it
+
+CSV="$OUT/bench_zenflow.csv"
+MD="$OUT/bench_zenflow.md"
+write_table() {
+    echo "device,model,mode,ms_per_step,compute_ms,stall_ms,cpu_update_ms,pcie_mb_d2h,pcie_mb_h2d" >"$CSV"
+    awk -v dev="$DEVICE" '$3 != "SKIPPED" && $3 != "FAILED" {
+        printf "%s,%s,%s,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f\n", dev, $1, $2, $3, $4, $5, $6, $7, $8 }' "$RESULTS" >>"$CSV"
+
+    {
+        echo "# ZenFlow benchmark: $DEVICE"
+        echo
+        echo "GPT-2 at B=$B, T=$T, TF32 on; zenflow: k=$K, U=$U, overlap on; $STEPS measured steps after $WARMUP;"
+        echo "data: $DATA_NOTE; $(date -u '+%Y-%m-%d %H:%M UTC'); command: bash scripts/bench_zenflow.sh $ARGS"
+        echo
+        echo "PCIe formula (spec 7), M = matrix elements: offload 2 x 4M, zenflow-cpu (1-k) 4M (1 + 1/U),"
+        echo "zenflow-gpu 2 (1-k) 4M / U bytes per step; 'vs formula' = measured / formula."
+        echo "opt state = GPU memory for AdamW moments; vs adamw = this mode's ms / adamw's ms;"
+        echo "speed-up = offload ms / this mode's ms (targets: zenflow <= 1.10x adamw, >= 3x offload at d48)."
+        echo
+        printf '| %-5s | %-17s | %9s | %8s | %8s | %7s | %8s | %9s | %9s | %10s | %12s | %8s | %8s |\n' \
+            model mode "ms/step" "tok/s" "stall ms" "stall %" "CPU ms" "D2H MB" "H2D MB" "vs formula" "opt state" \
+            "vs adamw" speed-up
+        printf '|%s|%s|%s|%s|%s|%s|%s|%s|%s|%s|%s|%s|%s|\n' -------  ------------------- ----------- ---------- ---------- \
+            --------- ---------- ----------- ----------- ------------ -------------- ---------- ----------
+        awk -v B=$B -v T=$T -v k=$K -v U=$U '
+            {
+                line[NR] = $0
+                if ($3 != "SKIPPED" && $3 != "FAILED") {
+                    if ($2 == "offload") off[$1] = $3
+                    if ($2 == "adamw") base[$1] = $3
+                }
+            }
+            END {
+                for (i = 1; i <= NR; i++) {
+                    split(line[i], f, " ")
+                    model = f[1]; mode = f[2]
+                    if (f[3] == "SKIPPED" || f[3] == "FAILED") {
+                        printf "| %-5s | %-17s | %s %s\n", model, mode, f[3], f[4]; continue
+                    }
+                    ms = f[3]; stall = f[5]; cpu = f[6]; d2h = f[7]; h2d = f[8]; opt = f[9]; M = f[10]
+                    bytes = 4.0 * M
+                    kind = mode; sub(/-whole$/, "", kind)  # -zp 0 moves the same bytes
+                    if (kind == "offload") formula = 2 * bytes
+                    else if (kind == "zenflow-cpu") formula = (1 - k) * bytes * (1 + 1.0 / U)
+                    else if (kind == "zenflow-gpu") formula = 2 * (1 - k) * bytes / U
+                    else formula = 0
+                    vs = formula > 0 ? sprintf("%.3f", (d2h + h2d) * 1e6 / formula) : "-"
+                    sp = (model in off && mode != "offload" && mode != "adamw") ? sprintf("%.2fx", off[model] / ms) : "-"
+                    va = (model in base && mode != "adamw") ? sprintf("%.2fx", ms / base[model]) : "-"
+                    printf "| %-5s | %-17s | %9.1f | %8.0f | %8.1f | %6.1f%% | %8.1f | %9.1f | %9.1f | %10s | %8.0f MiB | %8s | %8s |\n",
+                           model, mode, ms, B * T / (ms / 1e3), stall, 100 * stall / ms, cpu, d2h, h2d, vs, opt, va, sp
+                }
+            }' "$RESULTS"
+        echo
+        echo "host memory at start: $MEM_AT_START; at the end: MemAvailable $(mem_available_mib) MiB"
+        if [ -n "$LIFTED" ]; then
+            echo "retried past the host-memory check (each needed more than MemAvailable; the first try's log"
+            echo "is <model>_<mode>_refused.log):$LIFTED"
+        fi
+        echo "total time: $(( $(date +%s) - START )) s; logs and per-step CSVs in $OUT/logs"
+    } >"$MD"
+}
+
 for model in $MODELS; do
     mfile="$OUT/models/$model.bin"
     if [ ! -s "$mfile" ]; then
@@ -172,6 +238,7 @@ for model in $MODELS; do
         fi
         log="$OUT/logs/${model}_$mode.log"
         csv="$OUT/logs/${model}_$mode.csv"
+        write_table
         echo "run $model $mode ($(( $(date +%s) - START ))s)"
         run_trainer "$mfile" "$mode" "$csv" "$log"
         rc=$?
@@ -206,68 +273,7 @@ for model in $MODELS; do
     done
 done
 
-# ----------------------------------------------------------------------------
-# the table
-
-CSV="$OUT/bench_zenflow.csv"
-MD="$OUT/bench_zenflow.md"
-echo "device,model,mode,ms_per_step,compute_ms,stall_ms,cpu_update_ms,pcie_mb_d2h,pcie_mb_h2d" >"$CSV"
-awk -v dev="$DEVICE" '$3 != "SKIPPED" && $3 != "FAILED" {
-    printf "%s,%s,%s,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f\n", dev, $1, $2, $3, $4, $5, $6, $7, $8 }' "$RESULTS" >>"$CSV"
-
-{
-    echo "# ZenFlow benchmark: $DEVICE"
-    echo
-    echo "GPT-2 at B=$B, T=$T, TF32 on; zenflow: k=$K, U=$U, overlap on; $STEPS measured steps after $WARMUP;"
-    echo "data: $DATA_NOTE; $(date -u '+%Y-%m-%d %H:%M UTC'); command: bash scripts/bench_zenflow.sh $ARGS"
-    echo
-    echo "PCIe formula (spec 7), M = matrix elements: offload 2 x 4M, zenflow-cpu (1-k) 4M (1 + 1/U),"
-    echo "zenflow-gpu 2 (1-k) 4M / U bytes per step; 'vs formula' = measured / formula."
-    echo "opt state = GPU memory for AdamW moments; vs adamw = this mode's ms / adamw's ms;"
-    echo "speed-up = offload ms / this mode's ms (targets: zenflow <= 1.10x adamw, >= 3x offload at d48)."
-    echo
-    printf '| %-5s | %-17s | %9s | %8s | %8s | %7s | %8s | %9s | %9s | %10s | %12s | %8s | %8s |\n' \
-        model mode "ms/step" "tok/s" "stall ms" "stall %" "CPU ms" "D2H MB" "H2D MB" "vs formula" "opt state" \
-        "vs adamw" speed-up
-    printf '|%s|%s|%s|%s|%s|%s|%s|%s|%s|%s|%s|%s|%s|\n' -------  ------------------- ----------- ---------- ---------- \
-        --------- ---------- ----------- ----------- ------------ -------------- ---------- ----------
-    awk -v B=$B -v T=$T -v k=$K -v U=$U '
-        {
-            line[NR] = $0
-            if ($3 != "SKIPPED" && $3 != "FAILED") {
-                if ($2 == "offload") off[$1] = $3
-                if ($2 == "adamw") base[$1] = $3
-            }
-        }
-        END {
-            for (i = 1; i <= NR; i++) {
-                split(line[i], f, " ")
-                model = f[1]; mode = f[2]
-                if (f[3] == "SKIPPED" || f[3] == "FAILED") {
-                    printf "| %-5s | %-17s | %s %s\n", model, mode, f[3], f[4]; continue
-                }
-                ms = f[3]; stall = f[5]; cpu = f[6]; d2h = f[7]; h2d = f[8]; opt = f[9]; M = f[10]
-                bytes = 4.0 * M
-                kind = mode; sub(/-whole$/, "", kind)  # -zp 0 moves the same bytes
-                if (kind == "offload") formula = 2 * bytes
-                else if (kind == "zenflow-cpu") formula = (1 - k) * bytes * (1 + 1.0 / U)
-                else if (kind == "zenflow-gpu") formula = 2 * (1 - k) * bytes / U
-                else formula = 0
-                vs = formula > 0 ? sprintf("%.3f", (d2h + h2d) * 1e6 / formula) : "-"
-                sp = (model in off && mode != "offload" && mode != "adamw") ? sprintf("%.2fx", off[model] / ms) : "-"
-                va = (model in base && mode != "adamw") ? sprintf("%.2fx", ms / base[model]) : "-"
-                printf "| %-5s | %-17s | %9.1f | %8.0f | %8.1f | %6.1f%% | %8.1f | %9.1f | %9.1f | %10s | %8.0f MiB | %8s | %8s |\n",
-                       model, mode, ms, B * T / (ms / 1e3), stall, 100 * stall / ms, cpu, d2h, h2d, vs, opt, va, sp
-            }
-        }' "$RESULTS"
-    echo
-    echo "host memory at start: $MEM_AT_START; at the end: MemAvailable $(mem_available_mib) MiB"
-    if [ -n "$LIFTED" ]; then
-        echo "retried past the host-memory check (each needed more than MemAvailable; the first try's log"
-        echo "is <model>_<mode>_refused.log):$LIFTED"
-    fi
-    echo "total time: $(( $(date +%s) - START )) s; logs and per-step CSVs in $OUT/logs"
-} >"$MD"
+write_table
 cat "$MD"
 echo "wrote $CSV and $MD"
 grep -q " FAILED " "$RESULTS" && exit 1
