@@ -1158,6 +1158,13 @@ static inline void zf_save_state(void* ctx, FILE* fp, const char* path) {
     }
 }
 
+// U as the -zu flag reads: a number, or auto; text has room for 16 characters
+static inline const char* zf_u_flag(int update_interval, char* text) {
+    if (update_interval == ZF_AUTO) { return "auto"; }
+    snprintf(text, 16, "%d", update_interval);
+    return text;
+}
+
 // restores what zf_save_state wrote into a ZenFlow set up with zf_init for the same model;
 // the settings must be the ones the checkpoint was written with
 static inline void zf_load_state(void* ctx, FILE* fp, const char* path) {
@@ -1174,14 +1181,12 @@ static inline void zf_load_state(void* ctx, FILE* fp, const char* path) {
     const ZfConfig* c = &zf->cfg;
     if (topk != c->topk || ints[0] != (int)c->mode || ints[1] != c->update_interval ||
         ints[2] != c->select_interval || ints[3] != c->warmup || ints[4] != c->overlap) {
-        char was_u[16], now_u[16];  // -zu as the flag reads: a number, or auto
-        snprintf(was_u, sizeof(was_u), "%d", ints[1]);
-        snprintf(now_u, sizeof(now_u), "%d", c->update_interval);
+        char was_u[16], now_u[16];
         fatal("%s: written with -zo %s -zk %g -zu %s -zs %d -zw %d -zv %d, but this run uses "
               "-zo %s -zk %g -zu %s -zs %d -zw %d -zv %d (hint: resume with the same flags)",
               path, ints[0] >= 0 && ints[0] < 3 ? zf_mode_names[ints[0]] : "?", topk,
-              ints[1] == ZF_AUTO ? "auto" : was_u, ints[2], ints[3], ints[4], zf_mode_names[c->mode], c->topk,
-              c->update_interval == ZF_AUTO ? "auto" : now_u, c->select_interval, c->warmup, c->overlap);
+              zf_u_flag(ints[1], was_u), ints[2], ints[3], ints[4], zf_mode_names[c->mode], c->topk,
+              zf_u_flag(c->update_interval, now_u), c->select_interval, c->warmup, c->overlap);
     }
     if (more[2] != own->num_matrices) { fatal("%s: written for another model", path); }
     if (more[3] != c->accumulate) {  // A lives on the host with cpu, in the gradient buffer with gpu

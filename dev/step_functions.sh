@@ -16,7 +16,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 STEP=7
 if [ "${1:-}" = --step ]; then STEP=$2; shift 2; fi
-make -s build/emu/src/.stamp
+make -s build/emu/src/.stamp refs  # the emulated CUDA source; the tiny case's token shard
 mkdir -p build/step_functions
 BIN=build/step_functions/train_gpt2cu
 # -O0 and no inlining, so that every function is a function; the emulator and the system
