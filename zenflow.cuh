@@ -408,9 +408,9 @@ static void zf_cuda_params_prefetch(void* ctx, const ZenFlow* zf, const float* h
     dev->prefetched = 1;
 }
 
-// The CPU's columns into the working copy before the next forward pass: all of them, or (a
-// synchronous update, per layer) one group just before its layer's forward. The default
-// stream waits only for this group's copy; the later ones are still on their way.
+// The CPU's columns into the working copy before the next forward pass: all of them (with
+// overlap, usually uploaded by the updater's prefetch already), or one group just before its
+// layer's forward (a synchronous update, per layer). The default stream waits for this copy.
 static void zf_cuda_params_from_host(void* ctx, const ZenFlow* zf, const float* host, int group) {
     ZfCudaDevice* dev = (ZfCudaDevice*)ctx;
     if (zf->own.cpu_elems == 0) { return; }

@@ -155,7 +155,7 @@ typedef struct {
     struct ZenFlow* zf;
     const float* acc;  // A of the window, not written until the job is waited for
     int count;         // n
-    int step;          // s = t + 1 of the boundary step
+    int step;          // s = t + 1 of the boundary step: the global step (spec 3), not a count of CPU updates
     ZfAdamHyper hyper;
     int prefetch;      // 1 (in the background): start the result's copy to the device when done
     ZfTicket after;    // the window's last accumulation, which the update waits for first
@@ -535,8 +535,8 @@ static inline void zf_step(ZenFlow* zf, int t, ZfAdamHyper hyper) {
     zf_check_workers(zf);    // a failed CPU job stops training here, naming its thread
     if (t == 0 && zf->cfg.warmup > 0) { zf_warmup_start(zf); }  // option: warm-up (4.1)
 
-    // 4.2 selection: at t == W, then at a window's start once S steps have passed. The device
-    // waits for it, a stall (spec 8).
+    // 4.2 selection: at t == W, then at a window's start once S steps have passed. A stall (spec
+    // 8): the drain waits for the window update handed over one step before; then it selects.
     zf->stats.select_ms = 0.0;
     if (zf_selects_at(zf, t)) {
         double t0 = zf_stall_begin(zf);
