@@ -326,6 +326,10 @@ def main():
                 ["-e d4c256h4", "step 10", "holds L=2"], before, told)
         refused("resume with another -b", run(argv(told, 14, "-n", "2", "-y", "1", "-b", "2")),
                 ["-b 2 -t 16", "written with -b 4 -t 16"], before, told)
+        auto_u = ["-zo", "zenflow", "-zk", "0.2", "-zu", "auto", "-zs", "6", "-zv", "1"]
+        refused("resume with another -zu", run(argv(told, 14, "-n", "2", "-y", "1", opt=auto_u)),
+                ["written with -zo zenflow -zk 0.2 -zu 3 -zs 6", "this run uses -zo zenflow -zk 0.2 -zu auto -zs 6",
+                 "resume with the same flags"], before, told)
         for x in (10, 6):
             refused(f"resume with -x {x} on a checkpoint of step 10", run(argv(told, x, "-n", "2", "-y", "1")),
                     [f"-x {x}", "step 10", "already there"], before, told)
