@@ -23,8 +23,9 @@ LDLIBS = -lpthread -lm
 # CUDA: machine code for sm_80 (A100, and every 8.x GPU) and sm_90 (H100/H200), PTX of
 # compute_90 that the driver of a newer GPU compiles at first launch, and machine code for
 # this machine's GPU when nvidia-smi names one of another major version (a T4 is 7.5: PTX
-# cannot run on an older GPU than it was written for). -fmad=false for the same reason as
-# above. Set CUDA_ARCH to choose yourself.
+# cannot run on an older GPU than it was written for). Set CUDA_ARCH to choose yourself.
+# -fmad=false for the same reason as above, with IEEE division and square root (nvcc's
+# defaults, pinned): `make NVCCFLAGS=...` replaces the first line only, as with CXXFLAGS.
 NVCC_FOUND := $(shell command -v $(NVCC) 2>/dev/null)
 LOCAL_GPU_ARCH := $(shell nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | \
                     grep -E '^[0-9]+\.[0-9]+$$' | head -1 | tr -d .)
@@ -33,7 +34,8 @@ ifneq ($(filter-out 8% 9%,$(LOCAL_GPU_ARCH)),)
 CUDA_ARCH_DEFAULT += -gencode arch=compute_$(LOCAL_GPU_ARCH),code=sm_$(LOCAL_GPU_ARCH)
 endif
 CUDA_ARCH ?= $(CUDA_ARCH_DEFAULT)
-NVCCFLAGS ?= -O3 -std=c++17 -fmad=false $(CUDA_ARCH) -Xcompiler -Wall,-fopenmp,-ffp-contract=off
+NVCCFLAGS ?= -O3 $(CUDA_ARCH)
+override NVCCFLAGS += -std=c++17 -fmad=false -prec-div=true -prec-sqrt=true -Xcompiler -Wall,-fopenmp,-ffp-contract=off
 NVCC_LDLIBS = -lcublasLt -lgomp -lpthread
 
 CPU_BINS = train_gpt2cpu test_gpt2cpu forward_gpt2cpu test_zenflow test_cpu_adam zenflow_async sim_stall

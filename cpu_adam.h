@@ -47,8 +47,8 @@ void zf_cpu_accumulate(float* acc, const float* g, size_t n, int first);
 
 // ---------------------------------------------------------------------------------------
 // The worker (ZfWorker): one background thread that runs submitted jobs one at a time, in
-// submission order. Determinism (spec 5) is the caller's part: a job may only read buffers that
-// nobody writes until the caller has waited for that job's ticket.
+// submission order. Determinism (spec 5) is the caller's part: until the caller has waited for a
+// job's ticket, the buffers it reads are written by nobody, or only by a job it waits for first.
 //
 // Errors: a job returns 0 on success or a non-zero error code. The first non-zero code
 // sticks: later jobs are not run (they would work on state that is already wrong), and

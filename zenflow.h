@@ -85,7 +85,7 @@ typedef struct {
     int rows, cols;       // OC, IC
     int layer;            // its transformer layer, -1 for wte and wpe (transfer group 1 + layer)
     int first_col;        // its columns' place among all matrices' (the scores, 4.2.2)
-    int n_sel;            // columns the GPU owns now (0 during warm-up)
+    int n_sel;            // columns the GPU owns now: zf_n_sel, floor(k * IC + 0.5) (0 during warm-up)
     int* cols_by_owner;   // (cols): the n_sel selected columns ascending, then the rest ascending
     size_t cpu_offset;    // where its CPU-owned columns start in the packed CPU buffers
     size_t gpu_offset;    // where its GPU-owned columns start in the packed GPU moments
@@ -153,7 +153,7 @@ typedef struct {
 // one window's CPU update (spec 4.6)
 typedef struct {
     struct ZenFlow* zf;
-    const float* acc;  // A of the window, not written until the job is waited for
+    const float* acc;  // A of the window: the accumulation `after` still adds into it, no one after it
     int count;         // n
     int step;          // s = t + 1 of the boundary step: the global step (spec 3), not a count of CPU updates
     ZfAdamHyper hyper;

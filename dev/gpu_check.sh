@@ -190,7 +190,7 @@ NVCC=${NVCC:-nvcc}
 ARCH="-gencode arch=compute_90,code=sm_90"
 # -fmad=false / -ffp-contract=off: no fused multiply-add (AdamW is spec 3.1 to the bit);
 # never --use_fast_math
-NVCCFLAGS="-O3 -std=c++17 -fmad=false $ARCH -Xcompiler -Wall -Xcompiler -ffp-contract=off -Xcompiler -fopenmp"
+NVCCFLAGS="-O3 -std=c++17 -fmad=false -prec-div=true -prec-sqrt=true $ARCH -Xcompiler -Wall -Xcompiler -ffp-contract=off -Xcompiler -fopenmp"
 LIBS="-lcublasLt -lgomp -lpthread"
 CXX=${CXX:-g++}
 BUILD=${GPU_CHECK_BUILD:-build/gpu_check}  # dev/cuda/emu/rehearse_gpu_check.sh points this elsewhere
