@@ -910,19 +910,22 @@ static inline double zf_host_bytes(const ZfConfig* cfg, size_t c, size_t g, int 
 // (MemAvailable then starts far below what it can have) and for the bad-input test.
 static inline double zf_host_memory_available(const char** source) {
     const char* fake = getenv("ZF_HOST_MEMORY_MB");
-    *source = "ZF_HOST_MEMORY_MB";
-    if (fake != NULL) { return parse_double("ZF_HOST_MEMORY_MB (environment)", fake, 0.0, 1e12) * 1048576.0; }
-    *source = "unknown: no /proc/meminfo";
+    if (fake != NULL) {
+        *source = "ZF_HOST_MEMORY_MB";
+        return parse_double("ZF_HOST_MEMORY_MB (environment)", fake, 0.0, 1e12) * 1048576.0;
+    }
     FILE* fp = fopen("/proc/meminfo", "r");
-    if (fp == NULL) { return -1.0; }
-    *source = "unknown: no MemAvailable in /proc/meminfo";
+    if (fp == NULL) {
+        *source = "unknown: no /proc/meminfo";
+        return -1.0;
+    }
     char line[256];
     double kib = -1.0;
     while (fgets(line, sizeof(line), fp) != NULL) {
         if (sscanf(line, "MemAvailable: %lf kB", &kib) == 1) { break; }
     }
     fclose(fp);
-    if (kib >= 0) { *source = "MemAvailable"; }
+    *source = kib >= 0 ? "MemAvailable" : "unknown: no MemAvailable in /proc/meminfo";
     return kib < 0 ? -1.0 : kib * 1024.0;
 }
 

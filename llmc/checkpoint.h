@@ -663,14 +663,20 @@ static inline std::string run_dir_resume_command(const RunDir* run) {
     return cmd + " -y 1";
 }
 
+// whether a checkpoint of `step` may be written: with -o, after step 0 (nothing was trained
+// before), and not at the step this run resumed from. That one is on disk already, and
+// rewriting it would uncommit it for the length of the write (a kill then could lose it).
+static inline int run_dir_writes_at(const RunDir* run, int step) {
+    return run->dir != NULL && step > 0 && step != run->chosen.step;
+}
+
 // At a step boundary after a signal: writes checkpoint <step> into -o (its evaluation still to do;
-// rng as it was before the evaluation), closes the log and the trace, and exits 128 + signal.
-// Nothing is written before step 1 (nothing was trained), nor at the step a resume started from
-// (its checkpoint is there).
+// rng as it was before the evaluation; none where run_dir_writes_at says no), closes the log and
+// the trace, and exits 128 + signal.
 [[noreturn]] static inline void run_dir_stop(RunDir* run, int step, const GPT2Config* config, const float* params,
                                              OptimizerState opt, const DataLoader* loader, uint64_t rng) {
     const char* name = g_stop_signal == SIGTERM ? "SIGTERM" : "SIGINT";
-    if (run->dir != NULL && step > 0 && step != run->chosen.step) {
+    if (run_dir_writes_at(run, step)) {
         write_checkpoint(run, step, 0, config, params, opt, loader, rng);
     }
     if (run->log != NULL) { fcloseCheck(run->log, "main.log"); }

@@ -127,10 +127,9 @@ static inline void between_steps(RunDir* run, const TrainArgs* a, int step, Trai
         m.stop(m.ctx);
         run_dir_stop(run, step, c, params, opt, &d->train, rng_at_step);
     }
-    // -n's checkpoint; none at the step of a stop's checkpoint this run resumed from (its
-    // evaluation was still to do): rewriting it would uncommit it for the time of the write,
-    // and a resume from it does the same evaluation and sample again
-    if (fresh && step > 0 && step != run->chosen.step && train_due(a->checkpoint_every, step, last)) {
+    // -n's checkpoint; at the step of a stop's checkpoint this run resumed from, that one stays
+    // (a resume from it does the same evaluation and sample again)
+    if (fresh && run_dir_writes_at(run, step) && train_due(a->checkpoint_every, step, last)) {
         write_checkpoint(run, step, 1, c, m.params(m.ctx), opt, &d->train, *rng);
     }
 }
