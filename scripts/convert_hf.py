@@ -177,7 +177,9 @@ def read_weights(folder):
 def hf_to_ours(tensors, L, C, V, maxT, where):
     """our 16 tensors, in file order, from HF's (the header says how)"""
     lm_head = tensors.pop("lm_head.weight", None)
-    if lm_head is not None and not np.array_equal(lm_head, tensors.get("wte.weight")):
+    if lm_head is not None and "wte.weight" not in tensors:  # a file that kept only one name of the tied pair
+        tensors["wte.weight"] = lm_head
+    if lm_head is not None and not np.array_equal(lm_head, tensors["wte.weight"]):
         raise ConvertError(f"{where}: lm_head.weight differs from wte.weight (hint: GPT-2 ties them; an "
                            f"untied output layer is not GPT-2's architecture)")
     used = set()
@@ -286,7 +288,8 @@ def ours_to_hf(L, V, arrays):
 
 
 def hf_config(L, C, NH, V, maxT):
-    eot = V - 1  # GPT-2's <|endoftext|> is its last token (50256), and the trainers' default
+    # GPT-2's <|endoftext|>, 50256, also where tokens were added after it (a small test vocabulary: its last)
+    eot = 50256 if V > 50256 else V - 1
     return {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": V, "n_positions": maxT,
             "n_embd": C, "n_layer": L, "n_head": NH, "n_inner": None, "activation_function": "gelu_new",
             "layer_norm_epsilon": 1e-5, "resid_pdrop": 0.1, "embd_pdrop": 0.1, "attn_pdrop": 0.1,

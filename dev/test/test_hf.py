@@ -20,7 +20,8 @@ Then:
      exported from the checkpoint folder, give in transformers the logits of our forward on
      that checkpoint (1e-5).
 And the converter's errors, one line each: a model name with no network, a folder without
-weights, a GELU that is not GPT-2's, an lm_head not tied to wte.
+weights, a GELU that is not GPT-2's, an lm_head not tied to wte. (A weights file that keeps
+the tied pair under lm_head.weight alone, as safetensors' save_model does, imports like any.)
 
 What must match for the logits to agree (and the converter refuses a config.json that differs):
   - GELU: GPT-2's "gelu_new", 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), which is our
@@ -161,6 +162,16 @@ def test_shape(transformers, torch, forward_bin, trainer, shape, tmp):
     p = convert("import", exported, again)
     check(f"{name}: import(export(file)) is the same file, byte for byte",
           p.returncode == 0 and again.read_bytes() == ours.read_bytes(), p.stderr.strip())
+    if safe:  # the tied pair saved under lm_head.weight alone, as safetensors' save_model keeps it
+        import safetensors.torch as safetensors_torch
+        lm_only = tmp / "lm_head_only"
+        model.save_pretrained(lm_only, safe_serialization=True)
+        weights = safetensors_torch.load_file(str(lm_only / "model.safetensors"))
+        weights["lm_head.weight"] = weights.pop("transformer.wte.weight").clone()
+        safetensors_torch.save_file(weights, str(lm_only / "model.safetensors"), metadata={"format": "pt"})
+        p = convert("import", lm_only, tmp / "lm_only.bin")
+        check(f"{name}: a file with lm_head.weight and no wte.weight imports to the same file",
+              p.returncode == 0 and (tmp / "lm_only.bin").read_bytes() == ours.read_bytes(), p.stderr.strip())
 
     # 4. a checkpoint of a short fine-tuning run, exported from its folder
     if name != "c48":
