@@ -55,8 +55,8 @@ static inline void dataloader_load_shard(DataLoader* loader, size_t index) {
     }
     size_t need = (size_t)loader->B * loader->T + 1;
     if ((size_t)n < need) {
-        fatal("%s: %lld tokens, but one batch needs B*T+1 = %zu (hint: lower -b or -t)", path, n,
-                need);
+        fatal("%s: %lld tokens, but one batch needs B*T+1 = %zu (hint: lower -b or -t, or give the "
+                "split more text)", path, n, need);
     }
     free(loader->tokens);
     loader->tokens = (uint16_t*)mallocCheck((size_t)n * sizeof(uint16_t));
@@ -82,8 +82,8 @@ static inline void dataloader_init(DataLoader* loader, const char* pattern, int 
     loader->vocab_size = vocab_size;
     int status = glob(pattern, 0, NULL, &loader->glob_result);
     if (status != 0 || loader->glob_result.gl_pathc == 0) {
-        fatal("%s: no token shard matches this path (hint: run `make data` to prepare "
-                "tinyshakespeare)",
+        fatal("%s: no token shard matches this path (hint: check the path; `make data` prepares "
+                "tinyshakespeare, scripts/prepare_text.py your own text)",
                 pattern);
     }
     // check every shard up front, so a bad one fails now rather than mid-run

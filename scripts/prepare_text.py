@@ -11,11 +11,14 @@ line, a JSON object whose FIELD (default "text") is the document. Each document 
 on its own and preceded by <|endoftext|> (id 50256), as llm.c's data scripts do, so the
 stream starts with it and the model learns where one document ends and the next begins.
 <|endoftext|> written in a document is ordinary text, not that token. Text is read as
-UTF-8 bytes, exactly: no newline translation, nothing stripped.
+UTF-8 bytes, exactly: no newline translation, nothing stripped (half of a UTF-16 pair
+escaped in JSON, which UTF-8 cannot hold, becomes U+FFFD, as in tiktoken).
 Outputs, in DIR (default data/NAME), NAME (default "text"):
     NAME_val_000000.bin     the first N tokens of the stream (--val-tokens, default 32768)
-    NAME_train_000000.bin   the rest, in shards of at most --shard-tokens (default 100 M,
-    NAME_train_000001.bin   llm.c's size), ...
+    NAME_train_000000.bin   the rest, in shards of --shard-tokens (default 100 M, llm.c's
+    NAME_train_000001.bin   size), ...; a split's last shard holds the rest, or, if the rest is
+                            under half a shard, the shard before it takes it in (a trainer
+                            needs B*T+1 tokens in every shard)
 and the trainers read them with -i "DIR/NAME_train_*.bin" -j "DIR/NAME_val_*.bin".
 A progress bar (bytes read, MB/s, tokens/s) goes to stderr, redrawn on a terminal and a line
 every 10% elsewhere; a summary line (documents, tokens, shards) to stdout. Bad input is one
@@ -27,6 +30,8 @@ import json
 import sys
 import time
 from pathlib import Path
+
+import numpy as np
 
 import bpe
 import data_files
@@ -84,7 +89,17 @@ def documents(path, field):
                       "--field names the field that holds the text")
         if not text:
             raise bad(path, number, f"field {field!r} is empty", "leave the empty document out")
-        yield text, at
+        yield without_lone_surrogates(text), at
+
+
+def without_lone_surrogates(text):
+    """JSON may escape half a UTF-16 pair ("\\ud83d" of a cut emoji), which UTF-8 cannot
+    encode: it becomes U+FFFD, as tiktoken's encode does"""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
 
 
 class Progress:
@@ -130,12 +145,20 @@ class Shards:
             self.buffer.extend(take)
             self.count += len(take)
             at += len(take)
-            if len(self.buffer) == self.shard_tokens or (split == "val" and self.count == self.val_tokens):
+            if len(self.buffer) == self.shard_tokens:
                 self.flush(split)
+            elif split == "val" and self.count == self.val_tokens:
+                self.flush(split, last=True)
 
-    def flush(self, split):
+    def flush(self, split, last=False):
+        """writes the buffer as the split's next shard. The last shard of a split, if under half
+        a shard, joins the one before it: a trainer needs B*T+1 tokens in every shard."""
         if not self.buffer:
             return
+        if last and self.index[split] > 0 and len(self.buffer) < self.shard_tokens // 2:
+            self.index[split] -= 1
+            before = self.written.pop()
+            self.buffer = np.concatenate([data_files.read_shard(before), np.asarray(self.buffer, dtype=np.uint16)])
         path = self.out / f"{self.name}_{split}_{self.index[split]:06d}.bin"
         data_files.write_shard(path, self.buffer)
         self.written.append(path)
@@ -169,7 +192,7 @@ def prepare(enc, inputs, shards, field):
             file_done = read
             docs += 1
         done += file_done
-    shards.flush(shards.split())
+    shards.flush(shards.split(), last=True)
     progress.show(done, shards.count, final=True)
     return docs, shards.count
 
@@ -181,7 +204,7 @@ def main():
     parser.add_argument("--name", default="text", help="the shards' name: NAME_val_*.bin, NAME_train_*.bin")
     parser.add_argument("--field", default="text", help="the JSONL field that holds the text (default: text)")
     parser.add_argument("--val-tokens", type=int, default=32768, help="tokens of the val split (default 32768)")
-    parser.add_argument("--shard-tokens", type=int, default=100_000_000, help="tokens per shard at most")
+    parser.add_argument("--shard-tokens", type=int, default=100_000_000, help="tokens per shard (a split's last may hold up to half more)")
     parser.add_argument("--data-dir", default=None, help="take GPT-2's encoder.json and vocab.bpe from here")
     args = parser.parse_args()
     if args.val_tokens < 1 or args.shard_tokens < 1:

@@ -7,10 +7,13 @@ Tests scripts/prepare_text.py: your own text to token shards.
     text files and a JSONL file, made there by dev/test/make_tokenizer_fixture.py with
     tiktoken) give, val shards then train shards, exactly the ids tiktoken gives (eot, then
     each document's ordinary encoding); with small --val-tokens and --shard-tokens, so that
-    both splits span several shards: every shard full but the last of its split;
+    both splits span several shards: every shard full but the last of its split, which holds
+    the rest (the val split's, 12 of 16) or, where the rest is under half a shard (the train
+    split's, 5), the shard before it takes it in;
   - tinyshakespeare.txt as one document: the stream's token count and sha256 as tiktoken's;
   - the progress output (not a terminal: a line every 10%, to stderr) and the summary line;
   - --field: a JSONL file whose text is in another field;
+  - half of a UTF-16 pair escaped in a JSONL document: U+FFFD in its place, as in tiktoken;
   - bad input, each one line `error: FILE: line N: ... (hint: ...)` (no line for a whole
     file), exit code 1, and no shard left behind: not UTF-8 (a text file and a JSONL line),
     an empty file, a missing field, not JSON, a blank line, a number for the text, a
@@ -74,7 +77,7 @@ def stream(out):
 def test_tiktoken(fixture, tmp):
     paths = write_inputs(fixture, tmp)
     want = fixture["ids"]
-    out, val, size = tmp / "out", 20, 16
+    out, val, size = tmp / "out", 28, 16  # 129 ids: val 16 + 12, train 5 x 16 + (16 + 5)
     p = prepare("--out", out, "--val-tokens", val, "--shard-tokens", size, *paths)
     if not check("prepare_text.py runs on the fixture's files", p.returncode == 0, p.stderr.strip()):
         return
@@ -86,7 +89,10 @@ def test_tiktoken(fixture, tmp):
     for split, n in (("val", val), ("train", len(want) - val)):
         sizes = [len(data_files.read_shard(s)) for s in shards(out, split)]
         full = [size] * (n // size) + ([n % size] if n % size else [])
-        check(f"{split} shards of {size} tokens, the last the rest: {sizes}", sizes == full, f"want {full}")
+        if len(full) > 1 and full[-1] < size // 2:
+            full[-2:] = [full[-2] + full[-1]]
+        check(f"{split} shards of {size} tokens, the last the rest (a rest under {size // 2} joins the one "
+              f"before): {sizes}", sizes == full, f"want {full}")
     names = [s.name for s in shards(out, "val") + shards(out, "train")]
     check("names NAME_val_000000.bin ... NAME_train_000000.bin ...",
           names[:2] == ["text_val_000000.bin", "text_val_000001.bin"] and names[2] == "text_train_000000.bin",
@@ -106,6 +112,15 @@ def test_tiktoken(fixture, tmp):
     want_docs = want[first:last]
     check("--field content reads the text from that field", p.returncode == 0 and stream(tmp / "moved").tolist() == want_docs,
           p.stderr.strip())
+
+    # half of a UTF-16 pair escaped in JSON (a cut emoji): U+FFFD in its place, as tiktoken encodes it
+    cut, whole = tmp / "cut.jsonl", tmp / "replaced.jsonl"
+    cut.write_text('{"text": "a cut emoji \\ud83d here"}\n', encoding="utf-8")
+    whole.write_text('{"text": "a cut emoji \\ufffd here"}\n', encoding="utf-8")
+    p = prepare("--out", tmp / "cut", "--val-tokens", 2, cut)
+    q = prepare("--out", tmp / "replaced", "--val-tokens", 2, whole)
+    check("a lone surrogate in JSONL is encoded as U+FFFD", p.returncode == 0 and q.returncode == 0
+          and stream(tmp / "cut").tolist() == stream(tmp / "replaced").tolist(), p.stderr.strip())
 
 
 def test_tinyshakespeare(fixture, tmp):
