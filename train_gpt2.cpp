@@ -1044,6 +1044,7 @@ int main(int argc, char* argv[]) {
     train_args_parse(&args, argc, argv, ZF_USAGE);
     train_args_refuse(train_args_zflag(&args, 'm') != NULL, "-zm", "the CUDA trainer has it; -tr traces");
     ZfConfig zcfg = zf_parse_flags(args.zflags, "dm");  // -zd, -zm: the trainers' own
+    if (train_args_zflag(&args, 'd') != NULL) { check_output_file("-zd", train_args_zflag(&args, 'd')); }
     if (train_args_zflag(&args, 'd') != NULL && zf_effective_config(zcfg).accumulate == ZF_ACCUMULATE_GPU) {
         fatal("-zd scores every step's gradient, but with -za gpu the CPU-owned columns hold the window's sum "
               "(hint: -za cpu)");

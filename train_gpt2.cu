@@ -519,6 +519,7 @@ int main(int argc, char* argv[]) {
     train_args_refuse(train_args_zflag(&args, 'd') != NULL, "-zd", "the CPU trainer has it");
     ZfConfig zcfg = zf_parse_flags(args.zflags, "dm");  // -zd, -zm: the trainers' own
     const char* metrics_path = train_args_zflag(&args, 'm');
+    if (metrics_path != NULL) { check_output_file("-zm", metrics_path); }
     RunDir run;  // -o, -y: llmc/checkpoint.h
     const char* model_spec = run_dir_begin(&run, &args, argc, argv);  // with -y 1, the checkpoint's model
 

@@ -270,6 +270,7 @@ static inline void zf_step_gpu_sum(ZenFlow* zf, int t, ZfAdamHyper hyper);
 static inline void zf_apply_pending(ZenFlow* zf);
 static inline int zf_auto_step(ZenFlow* zf, int t, int n);
 static inline void zf_log_selection(ZenFlow* zf, int t, int index, const float* scores);
+static inline FILE* zf_selection_log(ZenFlow* zf);
 static inline double zf_stall_begin(ZenFlow* zf);
 static inline void zf_stall_end(ZenFlow* zf, double t0, const char* what);
 static inline double zf_cpu_work_done(ZenFlow* zf, TraceTrack track, const char* what, double t0);
@@ -466,7 +467,7 @@ static inline void zf_select(ZenFlow* zf, int t) {
         std::sort(order, order + n_sel);               // selected, ascending
         std::sort(order + n_sel, order + mat->cols);  // the rest, ascending
         mat->n_sel = n_sel;
-        if (zf->stats.selection_log != NULL) { zf_log_selection(zf, t, i, score); }
+        if (zf->cfg.selection_log != NULL) { zf_log_selection(zf, t, i, score); }
     }
     zf_layout(zf);
 
@@ -808,7 +809,7 @@ static inline void zf_auto_end_step(ZenFlow* zf, int t, int closed) {
     if (closed > 0) {
         a->close_next = 0;
         memset(a->c_sum, 0, zf->own.num_matrices * sizeof(double));
-        if (zf->stats.selection_log != NULL) { fprintf(zf->stats.selection_log, "win %d %d\n", t, closed); }
+        if (zf->cfg.selection_log != NULL) { fprintf(zf_selection_log(zf), "win %d %d\n", t, closed); }
         return;
     }
     const ZfBackend* be = &zf->backend;
@@ -1081,7 +1082,6 @@ static inline void zf_init(ZenFlow* zf, ZfConfig cfg, const GPT2Config* model, Z
     zf->autou.c_sum = (double*)callocCheck(own->num_matrices, sizeof(double));
     zf->autou.sum_sel = (double*)callocCheck(own->num_matrices, sizeof(double));
     zf->autou.sum_cpu = (double*)callocCheck(own->num_matrices, sizeof(double));
-    if (cfg.selection_log != NULL) { zf->stats.selection_log = fopenCheck(cfg.selection_log, "w"); }
 
     // the CPU's worker threads (spec 5), with overlap: the updater, and with -za cpu the accumulator
     if (cfg.overlap) {
@@ -1283,9 +1283,15 @@ static inline double zf_cpu_work_ms(const ZenFlow* zf) {
     return __atomic_load_n(&zf->stats.cpu_work_us, __ATOMIC_RELAXED) * 1e-3;
 }
 
+// -zl's file, created at its first line: after the run's checks (a refused run leaves it as it was)
+static inline FILE* zf_selection_log(ZenFlow* zf) {
+    if (zf->stats.selection_log == NULL) { zf->stats.selection_log = fopenCheck(zf->cfg.selection_log, "w"); }
+    return zf->stats.selection_log;
+}
+
 // -zl: the selection of matrix `index` at step t, and its columns' scores
 static inline void zf_log_selection(ZenFlow* zf, int t, int index, const float* scores) {
-    FILE* f = zf->stats.selection_log;
+    FILE* f = zf_selection_log(zf);
     const ZfMatrix* mat = &zf->own.matrices[index];
     fprintf(f, "sel %d %d %s %d :", t, index, mat->name, mat->n_sel);
     for (int j = 0; j < mat->n_sel; j++) { fprintf(f, " %d", mat->cols_by_owner[j]); }
@@ -1385,7 +1391,10 @@ static inline ZfConfig zf_parse_flags(const char* const z[26], const char* train
                 else { fatal("flag -za: '%s' is not where to accumulate (cpu or gpu)", val); }
                 break;
             case 'p': c.pipeline = (int)parse_int(flag, val, 0, 1); break;
-            case 'l': c.selection_log = val; break;
+            case 'l':
+                check_output_file(flag, val);  // opened at the first selection (zf_selection_log)
+                c.selection_log = val;
+                break;
             default: fatal("unknown flag %s (hint: -h lists the flags)", flag);
         }
     }

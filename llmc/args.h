@@ -141,6 +141,7 @@ static inline void train_args_parse(TrainArgs* a, int argc, char* argv[], const 
     if ((long long)a->B * a->T > (1LL << 30)) {
         fatal("flags -b, -t: B*T=%lld is too large", (long long)a->B * a->T);
     }
+    if (a->trace_path != NULL) { check_output_file("-tr", a->trace_path); }
 }
 
 // The settings a checkpoint records (its manifest, llmc/checkpoint.h), one "<flag> <value>" a

@@ -417,6 +417,17 @@ static inline int run_dir_next_candidate(RunDir* run) {
     return 0;
 }
 
+// 1 if a checkpoint of run->steps has its manifest: its write finished (a kill before that
+// leaves files that are not a checkpoint)
+static inline int run_dir_any_manifest(const RunDir* run) {
+    char path[4096];
+    for (int step : run->steps) {
+        ckpt_path(path, sizeof(path), run->dir, "manifest", step);
+        if (access(path, F_OK) == 0) { return 1; }
+    }
+    return 0;
+}
+
 // Before anything is built: SIGINT and SIGTERM are caught, a run already in the directory is
 // refused at once (if it has left its lock file), and with -y 1 the newest checkpoint that passes the cheap checks is chosen and
 // checked against the command line. Returns the model to build: that checkpoint's model file,
@@ -438,11 +449,13 @@ static inline const char* run_dir_begin(RunDir* run, const TrainArgs* args, int 
     run->steps = ckpt_list(run->dir, 0, NULL);
     run->next = 0;
     if (!run_dir_next_candidate(run)) {
-        if (!run->steps.empty()) {
+        if (run_dir_any_manifest(run)) {  // a checkpoint was written whole, and is damaged now
             fatal("-y 1: no checkpoint in %s verifies: %s (hint: start a new run with another -o, or -y 2 to "
                     "replace this one)", run->dir, run->skipped);
         }
-        printf("no checkpoint in %s yet: starting from scratch (a main.log there is replaced)\n", run->dir);
+        // none, or only the files of a first checkpoint whose write did not finish
+        printf("no checkpoint in %s yet%s%s: starting from scratch (a main.log there is replaced)\n", run->dir,
+               run->steps.empty() ? "" : "; not finished: ", run->skipped);
         return args->model_spec;
     }
     run_dir_check_resume(run, args);
@@ -472,8 +485,9 @@ static inline void run_dir_open(RunDir* run) {
             size_t n = strlen(what);
             snprintf(what + n, sizeof(what) - n, "%scheckpoint files up to step %d", n ? ", " : "", steps[0]);
         }
-        fatal("-o %s holds a run (%s) (hint: continue it with -y 1, replace it with -y 2, or choose another -o)",
-                run->dir, what);
+        fatal("-o %s holds a run (%s) (hint: %s, or choose another -o)", run->dir, what,
+                steps.empty() ? "it has no checkpoint to continue from: replace it with -y 2"
+                              : "continue it with -y 1, replace it with -y 2");
     }
     std::string removed;
     ckpt_list(run->dir, 1, &tmps);

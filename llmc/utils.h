@@ -61,6 +61,23 @@ static inline FILE* fopen_check(const char* path, const char* mode, const char* 
 }
 #define fopenCheck(path, mode) fopen_check(path, mode, __FILE__, __LINE__)
 
+// An output file that a flag names, checked at the start: it, or the folder it would be created
+// in, can be written. Nothing is created or emptied here; the run opens it once its checks have
+// passed, so that a run refused on the way leaves the file as it was.
+static inline void check_output_file(const char* flag, const char* path) {
+    char dir[4096];
+    snprintf(dir, sizeof(dir), "%s", path);
+    char* slash = strrchr(dir, '/');
+    if (slash == NULL) { snprintf(dir, sizeof(dir), "."); }
+    else { slash[slash == dir] = '\0'; }  // (keeps "/" of a file in the root)
+    struct stat st;
+    const int exists = stat(path, &st) == 0;
+    if (exists && S_ISDIR(st.st_mode)) { fatal("flag %s: %s is a directory (hint: name a file)", flag, path); }
+    if (access(exists ? path : dir, exists ? W_OK : W_OK | X_OK) != 0) {
+        fatal("flag %s: cannot write %s: %s (hint: check the path)", flag, path, strerror(errno));
+    }
+}
+
 // reads exactly count items or fails, naming what was being read
 static inline void fread_check(void* ptr, size_t size, size_t count, FILE* fp, const char* what,
                                 const char* file, int line) {

@@ -11,7 +11,9 @@ inside windows. Each case checks the trainer's exit code and its one line, and t
 either every file that was there is unchanged (sha256), or the run, resumed with -y 1, ends in
 a final model byte-identical to an uninterrupted run's (and, where it says so, main.log too).
 
- 1. a second run into the same -o without -y: refused, nothing changed; -y 2 replaces the run
+ 1. a second run into the same -o without -y: refused, nothing changed (where the first wrote no
+    checkpoint, the hint offers -y 2, not -y 1; a -zl file in -o is not emptied); -y 2 with a
+    -tr file that cannot be written: refused before anything is removed; -y 2 replaces the run
  2. 4 KB of garbage in the newest state file; a damaged model payload (finite values): resume
     skips that checkpoint, naming it, and ends byte-identical with the same main.log; every
     checkpoint damaged: a clear error, nothing changed
@@ -144,6 +146,23 @@ def main():
         before = digests(first)
         refused("a second run into the same -o without -y", run(argv(first, 4, "-r", "7")),
                 ["holds a run", "main.log up to step 10", "-y 1", "-y 2"], before, first)
+        plain = d("plain")  # a run without checkpoints (no -n): there is nothing to continue from
+        run(argv(plain, 4)).check_returncode()
+        before = digests(plain)
+        r = run(argv(plain, 4))
+        refused("a second run where the first wrote no checkpoint", r,
+                ["holds a run", "main.log up to step 4", "no checkpoint to continue from", "-y 2"], before, plain)
+        check("  ... its hint does not offer -y 1", ["the hint offers -y 1"] if "-y 1" in r.stderr else [],
+              "(-y 1 would start it again)")
+        # the files other flags name are written only once the run's checks have passed
+        logs = copy_of(base, "side_files")
+        with open(os.path.join(logs, "sel.txt"), "w") as f:
+            f.write("the selections of an earlier run\n")
+        before = digests(logs)
+        refused("a refused run with -zl into -o", run(argv(logs, 4, "-zl", os.path.join(logs, "sel.txt"))),
+                ["holds a run"], before, logs)
+        refused("-y 2 with a -tr that cannot be written", run(argv(logs, 4, "-y", "2", "-tr", d("none/t.json"))),
+                ["flag -tr", "none/t.json"], before, logs)
         fresh4 = d("fresh4")
         run(argv(fresh4, 4, "-n", "2")).check_returncode()
         r = run(argv(first, 4, "-n", "2", "-y", "2"))

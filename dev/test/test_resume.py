@@ -16,7 +16,9 @@ of a window with the CPU's update still in flight.
    take microseconds to write): the trainer's switch DEBUG_KILL_IN_WRITE=n kills it in its n-th
    file write, in the second checkpoint's model file, then in its state file, then in its
    manifest; only a temporary file may be left, and the resumed run removes it, starts from the
-   first checkpoint (naming the second as skipped) and ends byte-identical.
+   first checkpoint (naming the second as skipped) and ends byte-identical. Killed in the first
+   checkpoint's state file or manifest, the run has no checkpoint yet: the resume starts from
+   scratch, naming the unfinished one, and ends byte-identical.
 
 The case dir is a test reference (dev/test/ref/tiny: model.bin, train.bin). Prints one line
 per check and `resume: N passed, M failed`; exit 1 on failure.
@@ -162,8 +164,12 @@ def main():
         report(leftovers == [], f"kill test: temporary files left at the end: {leftovers}")
 
         # kill inside a write: writes 1, 2 and 3 are the first checkpoint's model, state and
-        # manifest, 4, 5 and 6 the second's
-        for n, name in ((4, f"model_{2 * CKPT:08d}.bin"), (5, f"state_{2 * CKPT:08d}.bin"),
+        # manifest, 4, 5 and 6 the second's. Killed in the second, the resume starts from the
+        # first (a checkpoint 14 with its model or state renamed into place but no manifest is
+        # named as skipped); killed in the first's state or manifest, the run has no checkpoint
+        # yet: it starts from scratch, naming step 7 as not finished.
+        for n, name in ((2, f"state_{CKPT:08d}.bin"), (3, f"manifest_{CKPT:08d}.txt"),
+                        (4, f"model_{2 * CKPT:08d}.bin"), (5, f"state_{2 * CKPT:08d}.bin"),
                         (6, f"manifest_{2 * CKPT:08d}.txt")):
             outdir = os.path.join(tmp, f"kill_in_write_{n}")
             env = dict(os.environ, DEBUG_KILL_IN_WRITE=str(n))
@@ -172,15 +178,18 @@ def main():
             left = sorted(f for f in os.listdir(outdir) if f.endswith(".tmp"))
             r = subprocess.run(trainer_args(trainer, case, outdir, extra + ["-y", "1"]), capture_output=True,
                                text=True)
-            resumed = f"resumed from the checkpoint of step {CKPT}" in r.stdout
-            # killed after the model file was renamed, checkpoint 14 is there without a manifest
-            skipped = (f"skipped newer checkpoints: {2 * CKPT} (no manifest" in r.stdout) == (n > 4)
+            if n <= 3:
+                start_ok = f"no checkpoint in {outdir} yet; not finished: {CKPT} (no manifest" in r.stdout
+                said = f"started from scratch, naming step {CKPT} as not finished: {'yes' if start_ok else 'NO'}"
+            else:
+                skipped = (f"skipped newer checkpoints: {2 * CKPT} (no manifest" in r.stdout) == (n > 4)
+                start_ok = f"resumed from the checkpoint of step {CKPT}" in r.stdout and skipped
+                said = (f"resumed from step {CKPT}{'' if n == 4 else ', the newer one named as skipped'}: "
+                        f"{'yes' if start_ok else 'NO'}")
             same = r.returncode == 0 and final_model(outdir) == full
-            report(killed and left == [name + ".tmp"] and resumed and skipped and same,
-                   f"kill inside the write of {name}: {'killed' if killed else 'NOT KILLED'}, left "
-                   f"{left}, resumed from step {CKPT}: {'yes' if resumed else 'NO'}"
-                   f"{'' if n == 4 else ', the newer one named as skipped' if skipped else ', skipped NOT NAMED'}, final model "
-                   f"{'byte-identical' if same else 'DIFFERENT or missing: ' + r.stderr.strip()[:200]}")
+            report(killed and left == [name + ".tmp"] and start_ok and same,
+                   f"kill inside the write of {name}: {'killed' if killed else 'NOT KILLED'}, left {left}, {said}, "
+                   f"final model {'byte-identical' if same else 'DIFFERENT or missing: ' + r.stderr.strip()[:200]}")
     print(f"resume: {passed} passed, {failed} failed")
     return 0 if failed == 0 else 1
 
