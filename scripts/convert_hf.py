@@ -7,7 +7,9 @@ Hugging Face GPT-2 checkpoints to llm.c model files, and back.
         gpt2-large, gpt2-xl, distilgpt2 (downloaded by huggingface_hub, or found in its cache)
     python3 scripts/convert_hf.py export SRC DIR
         SRC: an llm.c model file, or a run's checkpoint folder (-o; its newest model_*.bin)
-        DIR: a folder that transformers' GPT2LMHeadModel.from_pretrained(DIR) loads
+        DIR: a folder that transformers' GPT2LMHeadModel.from_pretrained(DIR) loads; with
+        GPT-2's vocabulary also its tokenizer (vocab.json and merges.txt: GPT-2's own BPE
+        files), so that AutoTokenizer and pipeline("text-generation", DIR) load it too
 
 What the conversion does (the model file's layout: docs/formats.md):
 - Names. HF's tensors are named per layer (h.<l>.attn.c_attn.weight, ...), with or without
@@ -311,7 +313,22 @@ def do_export(src, out):
     save_file(tensors, str(tmp), metadata={"format": "pt"})
     os.replace(tmp, out / "model.safetensors")
     (out / "config.json").write_text(json.dumps(hf_config(L, C, NH, V, maxT), indent=2) + "\n")
-    print(f"exported {path}: L={L} C={C} NH={NH} V={V} maxT={maxT} to {out} (config.json, model.safetensors)")
+    files = "config.json, model.safetensors" + (export_tokenizer(out) if V == 50257 else "")
+    print(f"exported {path}: L={L} C={C} NH={NH} V={V} maxT={maxT} to {out} ({files})")
+
+
+def export_tokenizer(out):
+    """GPT-2's tokenizer beside the model: its BPE files under transformers' names"""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import data_files
+    try:
+        vocab, merges = data_files.input_path("gpt2/encoder.json"), data_files.input_path("gpt2/vocab.bpe")
+    except data_files.InputError as e:
+        print(f"note: no tokenizer written ({str(e).removeprefix('error: ')})")
+        return ""
+    (out / "vocab.json").write_bytes(vocab.read_bytes())
+    (out / "merges.txt").write_bytes(merges.read_bytes())
+    return ", vocab.json, merges.txt (GPT-2's tokenizer)"
 
 
 def main():
@@ -322,7 +339,7 @@ def main():
     p.add_argument("out", help="the model file to write, e.g. gpt2_124M.bin")
     p = sub.add_parser("export", help="an llm.c model file or checkpoint folder -> a Hugging Face folder")
     p.add_argument("src", help="a model file, or a checkpoint folder (its newest model_<step>.bin)")
-    p.add_argument("out", help="the folder to write (config.json, model.safetensors)")
+    p.add_argument("out", help="the folder to write (config.json, model.safetensors; the tokenizer's files)")
     args = parser.parse_args()
     try:
         (do_import if args.command == "import" else do_export)(args.src, args.out)

@@ -15,7 +15,8 @@ Then:
   3. export: convert_hf.py export of the imported file, loaded by
      GPT2LMHeadModel.from_pretrained, has every tensor of the original bit for bit (lm_head
      tied to wte), so its logits are the original's bit for bit; importing the export again
-     gives the same model file, byte for byte;
+     gives the same model file, byte for byte; with GPT-2's vocabulary, AutoTokenizer loads
+     the export's tokenizer, which gives scripts/bpe.py's ids;
   4. a checkpoint: two training steps of the CPU trainer from the imported file (-o, -n),
      exported from the checkpoint folder, give in transformers the logits of our forward on
      that checkpoint (1e-5).
@@ -158,6 +159,13 @@ def test_shape(transformers, torch, forward_bin, trainer, shape, tmp):
           back.lm_head.weight.data_ptr() == back.transformer.wte.weight.data_ptr())
     back_logits, _ = hf_forward(torch, back, x, y)
     check(f"{name}: the export's logits are the original's bit for bit", same_bits(back_logits, ref_logits))
+    if V == 50257:  # GPT-2's vocabulary: its tokenizer goes with the export
+        sys.path.insert(0, str(ROOT / "scripts"))
+        import bpe
+        text = "Hello world, ZenFlow's 2 threads!\n  tabs\tand  spaces, caf\u00e9 \u2603"
+        ids = transformers.AutoTokenizer.from_pretrained(exported)(text)["input_ids"]
+        check(f"{name}: the export's tokenizer (AutoTokenizer) gives our BPE's ids",
+              ids == bpe.load_gpt2_tokenizer().encode(text), f"{ids}")
     again = tmp / "again.bin"
     p = convert("import", exported, again)
     check(f"{name}: import(export(file)) is the same file, byte for byte",
