@@ -1044,8 +1044,9 @@ int main(int argc, char* argv[]) {
     train_args_parse(&args, argc, argv, ZF_USAGE);
     train_args_refuse(train_args_zflag(&args, 'm') != NULL, "-zm", "the CUDA trainer has it; -tr traces");
     ZfConfig zcfg = zf_parse_flags(args.zflags, "dm");  // -zd, -zm: the trainers' own
-    if (train_args_zflag(&args, 'd') != NULL) { check_output_file("-zd", train_args_zflag(&args, 'd')); }
-    if (train_args_zflag(&args, 'd') != NULL && zf_effective_config(zcfg).accumulate == ZF_ACCUMULATE_GPU) {
+    const char* scores_path = train_args_zflag(&args, 'd');
+    if (scores_path != NULL) { check_output_file("-zd", scores_path); }
+    if (scores_path != NULL && zf_effective_config(zcfg).accumulate == ZF_ACCUMULATE_GPU) {
         fatal("-zd scores every step's gradient, but with -za gpu the CPU-owned columns hold the window's sum "
               "(hint: -za cpu)");
     }
@@ -1086,7 +1087,7 @@ int main(int argc, char* argv[]) {
     if (args.trace_path != NULL) {
         trace_open(args.trace_path, args.trace_first, args.trace_first + args.trace_steps - 1);
     }
-    FILE* scores_file = train_args_zflag(&args, 'd') != NULL ? scores_open(train_args_zflag(&args, 'd'), &zf) : NULL;
+    FILE* scores_file = scores_path != NULL ? scores_open(scores_path, &zf) : NULL;
     // the sampler's xorshift state is the seed itself, as in llm.c (whose trainers start it at
     // 1337): samples of a model draw the same coins here and there (dev/test/test_llmc_cpu.py)
     uint64_t rng = (uint64_t)args.seed;
@@ -1120,7 +1121,7 @@ int main(int argc, char* argv[]) {
     }
 
     if (run.log) { fcloseCheck(run.log, "main.log"); }
-    if (scores_file != NULL) { fcloseCheck(scores_file, train_args_zflag(&args, 'd')); }
+    if (scores_file != NULL) { fcloseCheck(scores_file, scores_path); }
     trace_close();
     zf_cpu_free(&zf, &device);
     train_data_free(&data);

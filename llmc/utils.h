@@ -9,6 +9,7 @@ can name the caller's file and line when the problem is ours rather than the use
 #define LLMC_UTILS_H
 
 #include <errno.h>
+#include <libgen.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -65,11 +66,9 @@ static inline FILE* fopen_check(const char* path, const char* mode, const char* 
 // in, can be written. Nothing is created or emptied here; the run opens it once its checks have
 // passed, so that a run refused on the way leaves the file as it was.
 static inline void check_output_file(const char* flag, const char* path) {
-    char dir[4096];
-    snprintf(dir, sizeof(dir), "%s", path);
-    char* slash = strrchr(dir, '/');
-    if (slash == NULL) { snprintf(dir, sizeof(dir), "."); }
-    else { slash[slash == dir] = '\0'; }  // (keeps "/" of a file in the root)
+    char copy[4096];
+    snprintf(copy, sizeof(copy), "%s", path);
+    const char* dir = dirname(copy);  // ("." for a bare name)
     struct stat st;
     const int exists = stat(path, &st) == 0;
     if (exists && S_ISDIR(st.st_mode)) { fatal("flag %s: %s is a directory (hint: name a file)", flag, path); }

@@ -41,11 +41,14 @@ import argparse
 import json
 import os
 import re
+import shutil
 import struct
 import sys
 from pathlib import Path
 
 import numpy as np
+
+import data_files
 
 MODEL_MAGIC, MODEL_VERSION = 20240326, 3
 NAMES = ["gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "distilgpt2"]
@@ -179,11 +182,11 @@ def read_weights(folder):
 def hf_to_ours(tensors, L, C, V, maxT, where):
     """our 16 tensors, in file order, from HF's (the header says how)"""
     lm_head = tensors.pop("lm_head.weight", None)
-    if lm_head is not None and "wte.weight" not in tensors:  # a file that kept only one name of the tied pair
-        tensors["wte.weight"] = lm_head
-    if lm_head is not None and not np.array_equal(lm_head, tensors["wte.weight"]):
-        raise ConvertError(f"{where}: lm_head.weight differs from wte.weight (hint: GPT-2 ties them; an "
-                           f"untied output layer is not GPT-2's architecture)")
+    if lm_head is not None:
+        tensors.setdefault("wte.weight", lm_head)  # (a file that kept only one name of the tied pair)
+        if not np.array_equal(lm_head, tensors["wte.weight"]):
+            raise ConvertError(f"{where}: lm_head.weight differs from wte.weight (hint: GPT-2 ties them; an "
+                               f"untied output layer is not GPT-2's architecture)")
     used = set()
 
     def take(name, shape, transpose):
@@ -319,15 +322,13 @@ def do_export(src, out):
 
 def export_tokenizer(out):
     """GPT-2's tokenizer beside the model: its BPE files under transformers' names"""
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    import data_files
     try:
         vocab, merges = data_files.input_path("gpt2/encoder.json"), data_files.input_path("gpt2/vocab.bpe")
     except data_files.InputError as e:
         print(f"note: no tokenizer written ({str(e).removeprefix('error: ')})")
         return ""
-    (out / "vocab.json").write_bytes(vocab.read_bytes())
-    (out / "merges.txt").write_bytes(merges.read_bytes())
+    shutil.copyfile(vocab, out / "vocab.json")
+    shutil.copyfile(merges, out / "merges.txt")
     return ", vocab.json, merges.txt (GPT-2's tokenizer)"
 
 
