@@ -1043,9 +1043,9 @@ int main(int argc, char* argv[]) {
     TrainArgs args;
     train_args_parse(&args, argc, argv, ZF_USAGE);
     train_args_refuse(train_args_zflag(&args, 'm') != NULL, "-zm", "the CUDA trainer has it; -tr traces");
-    ZfConfig zcfg = zf_parse_flags(args.zflags, "dm");  // -zd, -zm: the trainers' own
+    ZfConfig zcfg = zf_parse_flags(args.zflags, "dm", args.output_dir);  // -zd, -zm: the trainers' own
     const char* scores_path = train_args_zflag(&args, 'd');
-    if (scores_path != NULL) { check_output_file("-zd", scores_path); }
+    if (scores_path != NULL) { check_output_file("-zd", scores_path, args.output_dir); }
     if (scores_path != NULL && zf_effective_config(zcfg).accumulate == ZF_ACCUMULATE_GPU) {
         fatal("-zd scores every step's gradient, but with -za gpu the CPU-owned columns hold the window's sum "
               "(hint: -za cpu)");

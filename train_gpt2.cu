@@ -517,9 +517,9 @@ int main(int argc, char* argv[]) {
     TrainArgs args;
     train_args_parse(&args, argc, argv, ZF_USAGE);
     train_args_refuse(train_args_zflag(&args, 'd') != NULL, "-zd", "the CPU trainer has it");
-    ZfConfig zcfg = zf_parse_flags(args.zflags, "dm");  // -zd, -zm: the trainers' own
+    ZfConfig zcfg = zf_parse_flags(args.zflags, "dm", args.output_dir);  // -zd, -zm: the trainers' own
     const char* metrics_path = train_args_zflag(&args, 'm');
-    if (metrics_path != NULL) { check_output_file("-zm", metrics_path); }
+    if (metrics_path != NULL) { check_output_file("-zm", metrics_path, args.output_dir); }
     RunDir run;  // -o, -y: llmc/checkpoint.h
     const char* model_spec = run_dir_begin(&run, &args, argc, argv);  // with -y 1, the checkpoint's model
 

@@ -123,7 +123,7 @@ typedef struct {
     ZfStaging* params_stage;  // the CPU's updated columns on their way in; with overlap not
                               // grads_stage: a prefetched result waits here while g_t leaves
     int prefetched;           // params_stage holds the master already: set by params_prefetch
-                              // (the updater), read once its job was waited for
+                              // (with overlap: never grads_stage), read once its job was waited for
     ZfFence fences[ZF_MAX_FENCES];
     int num_fences;
     // the rest is not the default step's: the selection's, the options', the measurement
@@ -367,7 +367,6 @@ static void zf_cuda_grads_to_host(void* ctx, const ZenFlow* zf, float* host, int
         zf_cuda_compute_waits(dev, st->d2h_done);
         zf_cuda_compute_waits(dev, st->h2d_done);
     }
-    if (st == dev->params_stage) { dev->prefetched = 0; }  // about to overwrite a prefetch
     zf_cuda_move_columns(dev, dev->grads, st, r, 1);
     cudaCheck(cudaStreamWaitEvent(dev->d2h, st->kernel_done, 0));
     zf_cuda_copy(dev, st, host, r.at, r.n, 1, "gradient columns");
@@ -683,7 +682,6 @@ static void zf_cuda_grads_from_host(void* ctx, const ZenFlow* zf, const float* h
     ZfCudaDevice* dev = (ZfCudaDevice*)ctx;
     if (zf->own.cpu_elems == 0) { return; }
     ZfStaging* st = dev->grads_stage;
-    if (st == dev->params_stage) { dev->prefetched = 0; }
     zf_cuda_upload(dev, zf, st, host, -1);
     cudaCheck(cudaStreamWaitEvent(0, st->h2d_done, 0));
     zf_cuda_move_columns(dev, dev->grads, st, dev->groups[zf->own.num_groups], 0);

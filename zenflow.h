@@ -330,8 +330,8 @@ static inline int zf_selects_at(const ZenFlow* zf, int t) {
 }
 
 // Zeroes the gradients and picks this step's landing buffer (with overlap, two take turns).
-// The layers' gradient columns leave during the backward only if the ownership is known (not
-// at t = 0, not at a selection) and the buffer's last reader, two steps old, is done: no wait.
+// The layers' columns leave during the backward only if the ownership is known (t > 0: zf_step
+// sets it; no selection now) and the buffer's last reader, two steps old, is done: no wait.
 static inline void zf_before_backward(ZenFlow* zf, int t) {
     ZfLanding* l = &zf->landing;
     const int may_leave = zf->cfg.pipeline && t > 0 && !zf_selects_at(zf, t) && zf->own.cpu_elems > 0;
@@ -439,8 +439,8 @@ static inline void zf_select(ZenFlow* zf, int t) {
     const ZfBackend* be = &zf->backend;
     ZfOwnership* own = &zf->own;
     ZfSelection* sel = &zf->sel;
-    // 4.2.1 drain: then the working copy equals the CPU master on every CPU-owned column, and
-    // the CPU threads are idle, for the layouts are about to change under them
+    // 4.2.1 drain (zf_drain, at the end of the default step): the working copy then equals the
+    // CPU master on every CPU-owned column, and the CPU threads are idle: the layouts change now
     zf_drain(zf);
     // keep the old ownership; the GPU's moments of its old columns come to the host, unless
     // this is the very first selection without warm-up: no optimizer state exists yet
@@ -537,7 +537,7 @@ static inline void zf_step(ZenFlow* zf, int t, ZfAdamHyper hyper) {
     if (t == 0 && zf->cfg.warmup > 0) { zf_warmup_start(zf); }  // option: warm-up (4.1)
 
     // 4.2 selection: at t == W, then at a window's start once S steps have passed. A stall (spec
-    // 8): the drain waits for the window update handed over one step before; then it selects.
+    // 8): the drain waits for the window update handed over one step before (if any), then it selects.
     zf->stats.select_ms = 0.0;
     if (zf_selects_at(zf, t)) {
         double t0 = zf_stall_begin(zf);
@@ -572,8 +572,8 @@ static inline void zf_step(ZenFlow* zf, int t, ZfAdamHyper hyper) {
     const int n = zf_window_step(zf, t);
     if (n == 0) { return; }
     // 4.6 apply window w-1's result; its update has read acc_job, free now. Freeze window w's A
-    // in acc_job (this step's accumulation still adds into it: its job holds the pointer), and
-    // hand it to the updater, which starts once that accumulation is done.
+    // in acc_job (this step's accumulation still adds into it) for the updater, which waits for
+    // that accumulation. The next window's first accumulation writes acc = 0 + g: the spec's A = 0.
     zf_wait_and_apply(zf);
     std::swap(zf->win.acc, zf->win.acc_job);
     zf_submit_window(zf, accumulation, n, s, hyper);
@@ -602,8 +602,8 @@ static int zf_window_update(void* arg) {
         if (status != 0) { return status; }  // (zf_check_workers names the accumulator)
     }
     const ZfBackend* be = &zf->backend;
-    // where A came from the device (-za gpu; a synchronous window of one step, where A is the
-    // landing buffer of g_t), its copy has landed. The default's A never crossed: no wait.
+    // A that came from the device (-za gpu; in a synchronous window of one step, the landing
+    // buffer of g_t) has landed. The default's A never crossed: no copy records its fence, no wait.
     be->host_wait(be->ctx, job->acc);
     be->host_wait(be->ctx, zf->cpu.master);  // the previous result has left for the device
     double t0 = now_ms();
@@ -1357,7 +1357,9 @@ static inline void zf_print_step_stats(ZenFlow* zf) {
 
 // The ZenFlow config of the -z<letter> flags (z[letter - 'a'], NULL: not given). The letters
 // in `trainer_letters` are the trainer's own (it reads them itself); any other is an error.
-static inline ZfConfig zf_parse_flags(const char* const z[26], const char* trainer_letters) {
+// out_dir: the run's -o (or NULL), which -zl's file may be in before the run creates it.
+static inline ZfConfig zf_parse_flags(const char* const z[26], const char* trainer_letters,
+                                      const char* out_dir) {
     ZfConfig c = ZF_DEFAULTS;
     for (int i = 0; i < 26; i++) {
         const char letter = (char)('a' + i);
@@ -1392,7 +1394,7 @@ static inline ZfConfig zf_parse_flags(const char* const z[26], const char* train
                 break;
             case 'p': c.pipeline = (int)parse_int(flag, val, 0, 1); break;
             case 'l':
-                check_output_file(flag, val);  // opened at the first selection (zf_selection_log)
+                check_output_file(flag, val, out_dir);  // opened at the first selection (zf_selection_log)
                 c.selection_log = val;
                 break;
             default: fatal("unknown flag %s (hint: -h lists the flags)", flag);

@@ -8,6 +8,8 @@ here as text, by letter, and the optimizer parses them (zenflow.h, zf_parse_flag
 #ifndef LLMC_ARGS_H
 #define LLMC_ARGS_H
 
+#include <ctype.h>
+
 #include "utils.h"
 
 typedef struct {
@@ -49,7 +51,7 @@ static inline void train_args_usage(const char* program, const char* more_usage)
             "  -x <int>    number of training steps (default 20)\n"
             "  -l <float>  learning rate (default 3e-4)\n"
             "  -c <float>  weight decay, matrices only (default 0.0)\n"
-            "  -v <int>    val loss every this many steps, 0 = never (default 20)\n"
+            "  -v <int>    val loss every this many steps, 0 = never, -j unread (default 20)\n"
             "  -m <int>    val batches (default 20)\n"
             "  -s <int>    sample every this many steps, 0 = never (default 20)\n"
             "  -g <int>    tokens to generate (default 64)\n"
@@ -89,7 +91,9 @@ static inline void train_args_parse(TrainArgs* a, int argc, char* argv[], const 
             exit(0);
         }
         size_t len = strlen(flag);
-        if (flag[0] != '-' || len < 2 || len > 3 || (len == 3 && flag[1] != 'z' && flag[1] != 't')) {
+        // -<letter>, -z<letter> or -t<letter> (the letter also indexes `given`)
+        if (flag[0] != '-' || len < 2 || len > 3 || !islower((unsigned char)flag[1]) ||
+            (len == 3 && flag[1] != 'z' && flag[1] != 't')) {
             fatal("unknown argument '%s' (hint: -h lists the flags)", flag);
         }
         if (i + 1 >= argc) { fatal("flag %s needs a value", flag); }
@@ -141,7 +145,7 @@ static inline void train_args_parse(TrainArgs* a, int argc, char* argv[], const 
     if ((long long)a->B * a->T > (1LL << 30)) {
         fatal("flags -b, -t: B*T=%lld is too large", (long long)a->B * a->T);
     }
-    if (a->trace_path != NULL) { check_output_file("-tr", a->trace_path); }
+    if (a->trace_path != NULL) { check_output_file("-tr", a->trace_path, a->output_dir); }
 }
 
 // The settings a checkpoint records (its manifest, llmc/checkpoint.h), one "<flag> <value>" a

@@ -13,6 +13,7 @@ The model may also start from a random init: gpt2_parse_model_spec understands "
 #ifndef LLMC_GPT2_FILE_H
 #define LLMC_GPT2_FILE_H
 
+#include <ctype.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -257,13 +258,15 @@ static inline FileDigest gpt2_write_model(const char* path, const GPT2Config* c,
 static inline int gpt2_parse_model_spec(const char* spec, GPT2Config* c) {
     if (spec[0] != 'd') { return 0; }
     int L = 0, C = 0, NH = 0, V = 50257, T = 1024;
+    char bad = 0;  // the first letter whose number is out of range, named once the form is known
     const char* s = spec;
     while (*s) {
         char key = *s++;
+        if (!isdigit((unsigned char)*s)) { return 0; }
         char* end = NULL;
         long value = strtol(s, &end, 10);
-        if (end == s || value <= 0 || value > 1048576) { return 0; }
         s = end;
+        if ((value <= 0 || value > 1048576) && bad == 0) { bad = key; }
         switch (key) {
             case 'd': L = (int)value; break;
             case 'c': C = (int)value; break;
@@ -273,6 +276,7 @@ static inline int gpt2_parse_model_spec(const char* spec, GPT2Config* c) {
             default: return 0;
         }
     }
+    if (bad != 0) { fatal("-e %s: the number after '%c' must be 1 to 1048576", spec, bad); }
     if (C == 0 && NH == 0) {  // the GPT-2 family
         switch (L) {
             case 12: C = 768; NH = 12; break;

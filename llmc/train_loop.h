@@ -50,11 +50,13 @@ static inline void train_print_run(const GPT2Config* c, size_t num_parameters, c
     printf("[run] B=%d T=%d steps=%d lr=%g wd=%g %s\n", a->B, a->T, a->steps, a->lr, a->weight_decay, device);
 }
 
-// opens -i, -j and -k for this model (its vocabulary; T no longer than its maxT)
+// opens -i, -j and -k for this model (its vocabulary; T no longer than its maxT). With -v 0
+// the val data is never read, so -j need not name any.
 static inline void train_data_open(TrainData* d, const TrainArgs* a, const GPT2Config* c) {
     if (a->T > c->max_seq_len) { fatal("flag -t: T=%d exceeds the model's maxT=%d", a->T, c->max_seq_len); }
     dataloader_init(&d->train, a->train_pattern, a->B, a->T, c->vocab_size);
-    dataloader_init(&d->val, a->val_pattern, a->B, a->T, c->vocab_size);
+    memset(&d->val, 0, sizeof(d->val));
+    if (a->val_every > 0) { dataloader_init(&d->val, a->val_pattern, a->B, a->T, c->vocab_size); }
     tokenizer_init(&d->tokenizer, a->tokenizer_path);
     tokenizer_match_model(&d->tokenizer, a->tokenizer_path, c->vocab_size);
     train_args_notes(a, c->max_seq_len, dataloader_batches(&d->val));

@@ -58,20 +58,35 @@ static inline FILE* fopen_check(const char* path, const char* mode, const char* 
         fatal("%s: cannot open for %s: %s (hint: check the path; called from %s:%d)", path,
                 mode[0] == 'r' ? "reading" : "writing", strerror(errno), file, line);
     }
+    struct stat st;  // a folder opens for reading, and would read as an empty file
+    if (fstat(fileno(fp), &st) == 0 && S_ISDIR(st.st_mode)) {
+        fatal("%s is a directory, not a file (hint: name a file in it, or for token shards a pattern "
+              "such as %s/*_train_*.bin)", path, path);
+    }
     return fp;
 }
 #define fopenCheck(path, mode) fopen_check(path, mode, __FILE__, __LINE__)
 
+// a and b name the same folder, trailing slashes aside
+static inline int same_folder(const char* a, const char* b) {
+    size_t na = strlen(a), nb = strlen(b);
+    while (na > 1 && a[na - 1] == '/') { na--; }
+    while (nb > 1 && b[nb - 1] == '/') { nb--; }
+    return na == nb && strncmp(a, b, na) == 0;
+}
+
 // An output file that a flag names, checked at the start: it, or the folder it would be created
 // in, can be written. Nothing is created or emptied here; the run opens it once its checks have
-// passed, so that a run refused on the way leaves the file as it was.
-static inline void check_output_file(const char* flag, const char* path) {
+// passed, so that a run refused on the way leaves the file as it was. Its folder may be the run's
+// output directory (out_dir: -o, or NULL), which the run creates before it opens the file.
+static inline void check_output_file(const char* flag, const char* path, const char* out_dir) {
     char copy[4096];
     snprintf(copy, sizeof(copy), "%s", path);
     const char* dir = dirname(copy);  // ("." for a bare name)
     struct stat st;
     const int exists = stat(path, &st) == 0;
     if (exists && S_ISDIR(st.st_mode)) { fatal("flag %s: %s is a directory (hint: name a file)", flag, path); }
+    if (!exists && out_dir != NULL && same_folder(dir, out_dir) && stat(dir, &st) != 0) { return; }
     if (access(exists ? path : dir, exists ? W_OK : W_OK | X_OK) != 0) {
         fatal("flag %s: cannot write %s: %s (hint: check the path)", flag, path, strerror(errno));
     }

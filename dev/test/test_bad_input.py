@@ -100,12 +100,13 @@ def main():
             ("wrong shard version", ["-i", write("s_ver.bin", shard_bytes(range(100), version=2))], "version"),
             ("truncated shard", ["-i", write("s_trunc.bin", shard_bytes(range(100), count=200))], "s_trunc.bin"),
             ("token id >= V", ["-i", write("s_vocab.bin", shard_bytes([1] * 50 + [V] + [1] * 50))], "vocabulary"),
-            ("bad val shard", ["-j", write("s_val.bin", shard_bytes(range(10)))], "s_val.bin"),
+            ("bad val shard", ["-j", write("s_val.bin", shard_bytes(range(10))), "-v", "1"], "s_val.bin"),
             ("B*T+1 > shard", ["-b", "64", "-t", "32"], "B*T+1"),
             # the boundary: B*T = 32 tokens, one short (the last target would be past the end)
             ("shard of exactly B*T", ["-i", write("s_exact.bin", shard_bytes(np.arange(32) % V))], "B*T+1"),
             ("T > maxT", ["-t", str(MAX_T + 1)], "maxT"),
             ("unknown flag", ["-Z", "1"], "-Z"),
+            ("a flag of one byte >= 128", ["-\udce9", "1"], "unknown argument"),  # argv gets b"-\xe9"
             ("not a flag", ["hello", "1"], "hello"),
             ("flag without value", ["-b"], "-b"),
             ("B = 0", ["-b", "0"], "-b"),
@@ -118,6 +119,8 @@ def main():
             ("-zx out of range", ["-zu", "auto", "-zx", "0"], "-zx"),
             ("-n without -o", ["-n", "5", "-o", None], "-o"),
             ("unknown model spec", ["-e", "d13"], "d13"),
+            ("a model spec with maxT 0", ["-e", "d1c8h2t0"], "'t' must be 1 to 1048576"),
+            ("a folder as -i", ["-i", tmp], "is a directory"),
             ("corrupt tokenizer", ["-k", os.path.join(tmp, "tokenizer_bad.bin")], "tokenizer_bad.bin"),
             ("version 1 tokenizer of 5 tokens", ["-k", os.path.join(tmp, "tokenizer_v1.bin")], "50257"),
             ("tokenizer version 3", ["-k", os.path.join(tmp, "tokenizer_v3.bin")], "version 3"),
@@ -150,7 +153,8 @@ def main():
             with open(kept, "wb") as f:  # a log from an earlier run, which must survive
                 f.write(b"s:1 trl:1.0\n")
             before = sorted(os.listdir(tmp)), sorted(os.listdir(outdir))
-            result = subprocess.run(argv, cwd=tmp, capture_output=True, text=True, timeout=120, env=env)
+            result = subprocess.run(argv, cwd=tmp, capture_output=True, text=True, errors="replace", timeout=120,
+                                    env=env)
             lines = [l for l in result.stderr.splitlines() if l.strip()]
             problems = []
             if result.returncode <= 0:
@@ -172,27 +176,26 @@ def main():
             else:
                 passed += 1
                 print(f"ok    {name}: {shown}")
-        # ... and the smallest good shard, B*T+1 tokens, trains (the check is not one too strict)
-        argv = [trainer, "-e", good_model, "-i", write("s_least.bin", shard_bytes(np.arange(33) % V)), "-j",
-                good_shard, "-b", "2", "-t", "16", "-x", "1", "-v", "0", "-s", "0"]
-        result = subprocess.run(argv, cwd=tmp, capture_output=True, text=True, timeout=120)
-        if result.returncode == 0:
-            passed += 1
-            print("ok    shard of exactly B*T+1 tokens: trains")
-        else:
-            failed += 1
-            print(f"FAIL  shard of exactly B*T+1 tokens: exit {result.returncode}: {result.stderr.strip()[:200]}")
-        # ... and without reselections (no migration) the same memory is enough
-        argv = [trainer, "-e", good_model, "-i", good_shard, "-j", good_shard, "-b", "2", "-t", "16",
-                "-x", "1", "-v", "0", "-s", "0", "-zs", "0"]
-        result = subprocess.run(argv, cwd=tmp, capture_output=True, text=True, timeout=120,
-                                env=dict(os.environ, ZF_HOST_MEMORY_MB=between))
-        if result.returncode == 0:
-            passed += 1
-            print(f"ok    {between} MiB of host memory, -zs 0: trains")
-        else:
-            failed += 1
-            print(f"FAIL  {between} MiB of host memory, -zs 0: exit {result.returncode}: {result.stderr.strip()[:200]}")
+        # good input next to the limits trains: the checks are not too strict
+        def trains(name, train, val, *more, env=None):
+            argv = [trainer, "-e", good_model, "-i", train, "-j", val, "-b", "2", "-t", "16", "-x", "1", "-v", "0",
+                    "-s", "0", *more]
+            env = dict(os.environ, **env) if env else None
+            result = subprocess.run(argv, cwd=tmp, capture_output=True, text=True, timeout=120, env=env)
+            if result.returncode == 0:
+                print(f"ok    {name}: trains")
+                return 1, 0
+            print(f"FAIL  {name}: exit {result.returncode}: {result.stderr.strip()[:200]}")
+            return 0, 1
+
+        for ok, bad in [
+                trains("shard of exactly B*T+1 tokens", write("s_least.bin", shard_bytes(np.arange(33) % V)),
+                       good_shard),
+                trains("-v 0 and no val data (never read)", good_shard, os.path.join(tmp, "no_val_*.bin")),
+                # without reselections (no migration) the same memory is enough
+                trains(f"{between} MiB of host memory, -zs 0", good_shard, good_shard, "-zs", "0",
+                       env={"ZF_HOST_MEMORY_MB": between})]:
+            passed, failed = passed + ok, failed + bad
     print(f"bad_input: {passed} passed, {failed} failed")
     return 0 if failed == 0 else 1
 

@@ -13,7 +13,8 @@ a final model byte-identical to an uninterrupted run's (and, where it says so, m
 
  1. a second run into the same -o without -y: refused, nothing changed (where the first wrote no
     checkpoint, the hint offers -y 2, not -y 1; a -zl file in -o is not emptied); -y 2 with a
-    -tr file that cannot be written: refused before anything is removed; -y 2 replaces the run
+    -tr file that cannot be written: refused before anything is removed; -tr and -zl in an -o
+    that does not exist yet: written there; -y 2 replaces the run
  2. 4 KB of garbage in the newest state file; a damaged model payload (finite values): resume
     skips that checkpoint, naming it, and ends byte-identical with the same main.log; every
     checkpoint damaged: a clear error, nothing changed
@@ -164,6 +165,11 @@ def main():
                 ["holds a run"], before, logs)
         refused("-y 2 with a -tr that cannot be written", run(argv(logs, 4, "-y", "2", "-tr", d("none/t.json"))),
                 ["flag -tr", "none/t.json"], before, logs)
+        new = d("new_o")  # ... and they may be in an -o the run has yet to create
+        r = run(argv(new, 4, "-zs", "2", "-tr", os.path.join(new, "t.json"), "-zl", os.path.join(new, "sel.txt")))
+        problems = [] if r.returncode == 0 else [f"exit {r.returncode}: {err_lines(r.stderr)[-1:]}"]
+        problems += [f"no {n}" for n in ("t.json", "sel.txt") if not problems and not os.path.exists(os.path.join(new, n))]
+        check("-tr and -zl in a new -o", problems, "the run creates -o, then writes them there")
         fresh4 = d("fresh4")
         run(argv(fresh4, 4, "-n", "2")).check_returncode()
         r = run(argv(first, 4, "-n", "2", "-y", "2"))
