@@ -23,15 +23,22 @@ LDLIBS = -lpthread -lm
 # CUDA: machine code for sm_80 (A100, and every 8.x GPU) and sm_90 (H100/H200), PTX of
 # compute_90 that the driver of a newer GPU compiles at first launch, and machine code for
 # this machine's GPU when nvidia-smi names one of another major version (a T4 is 7.5: PTX
-# cannot run on an older GPU than it was written for). Set CUDA_ARCH to choose yourself.
+# cannot run on an older GPU than it was written for) that this nvcc can build (else a line
+# says what that means). Set CUDA_ARCH to choose yourself.
 # -fmad=false for the same reason as above, with IEEE division and square root (nvcc's
 # defaults, pinned): `make NVCCFLAGS=...` replaces the first line only, as with CXXFLAGS.
 NVCC_FOUND := $(shell command -v $(NVCC) 2>/dev/null)
 LOCAL_GPU_ARCH := $(shell nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | \
                     grep -E '^[0-9]+\.[0-9]+$$' | head -1 | tr -d .)
 CUDA_ARCH_DEFAULT = -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=[sm_90,compute_90]
-ifneq ($(filter-out 8% 9%,$(LOCAL_GPU_ARCH)),)
+ifneq ($(and $(NVCC_FOUND),$(filter-out 8% 9%,$(LOCAL_GPU_ARCH))),)
+ifneq ($(filter sm_$(LOCAL_GPU_ARCH),$(shell $(NVCC) --list-gpu-code 2>/dev/null)),)
 CUDA_ARCH_DEFAULT += -gencode arch=compute_$(LOCAL_GPU_ARCH),code=sm_$(LOCAL_GPU_ARCH)
+else ifeq ($(shell [ $(LOCAL_GPU_ARCH) -gt 90 ] && echo newer),newer)
+$(info note: this nvcc cannot build for this GPU (sm_$(LOCAL_GPU_ARCH)): its driver compiles the compute_90 PTX at the first launch)
+else
+$(info warning: this nvcc cannot build for this GPU (sm_$(LOCAL_GPU_ARCH)), and newer code does not run on it: train_gpt2cu will not start (hint: a CUDA toolkit that supports sm_$(LOCAL_GPU_ARCH), or the CPU trainer))
+endif
 endif
 CUDA_ARCH ?= $(CUDA_ARCH_DEFAULT)
 NVCCFLAGS ?= -O3 $(CUDA_ARCH)
@@ -50,8 +57,13 @@ endif
 
 HEADERS = $(wildcard llmc/*.h) cpu_adam.h zenflow.h
 
-.PHONY: all test run data deps deps_run refs gpu_refs gpu_rehearsal walkthrough clean bench bench_zenflow bench_llmc llmc_cpu bench_llmc_cpu bench_checkpoint cuda_dev fuzz emu
-all: $(CPU_BINS) $(CUDA_BINS)
+.PHONY: all xxhash_h test run data deps deps_run refs gpu_refs gpu_rehearsal walkthrough clean bench bench_zenflow bench_llmc llmc_cpu bench_llmc_cpu bench_checkpoint cuda_dev fuzz emu
+all: xxhash_h $(CPU_BINS) $(CUDA_BINS)
+
+# llmc/hashed_file.h includes xxhash.h (the checkpoints' checksums): Debian's libxxhash-dev,
+# which make run, make data and make test install (scripts/install_deps.sh)
+xxhash_h:
+	@echo '#include <xxhash.h>' | $(CXX) -E -x c++ - >/dev/null 2>&1 || { echo "error: xxhash.h not found (hint: bash scripts/install_deps.sh run, or apt-get install libxxhash-dev)" >&2; exit 1; }
 
 cpu_adam.o: cpu_adam.cpp cpu_adam.h
 	$(CXX) $(CXXFLAGS) -c $< -o $@
@@ -217,7 +229,7 @@ test: deps all $(TSAN_BINS) $(ASAN_BINS) $(FUZZ_BINS) $(EMU_BINS) $(ARCH_BINS) r
 	@bash dev/test/run_tests.sh
 
 # only the trainer it runs: the CUDA one where a GPU answers (and nvcc exists), else the CPU one
-RUN_BIN := $(if $(and $(NVCC_FOUND),$(shell nvidia-smi -L 2>/dev/null)),train_gpt2cu,train_gpt2cpu)
+RUN_BIN := $(if $(and $(NVCC_FOUND),$(shell nvidia-smi -L >/dev/null 2>&1 && echo y)),train_gpt2cu,train_gpt2cpu)
 run: deps_run data $(RUN_BIN)
 	@bash scripts/run.sh $(ARGS)
 

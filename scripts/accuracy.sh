@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 STEPS=${1:-200}
 OUT=build/accuracy
 mkdir -p "$OUT"
-make -s train_gpt2cpu data >/dev/null
+make -s data train_gpt2cpu >/dev/null  # data first: it installs xxhash.h, which the build needs
 COMMON=(-e d4c256h4 -b 4 -t 64 -x "$STEPS" -l 1e-3 -c 0.1 -v "$STEPS" -m 32 -s 0)
 MODES="adamw offload zenflow zenflow-auto"
 flags() {

@@ -27,6 +27,8 @@
 #   B ours_ms llmc_ms ours_val0 llmc_val0      or      B FAILED note
 # Without build/llmc_ref (and no --llmc-bin), or without a GPU, it says SKIPPED and exits 0.
 set -u
+CALLER=$PWD  # paths on the command line are relative to where the script was started
+in_caller() { case $1 in /*) echo "$1" ;; *) echo "$CALLER/$1" ;; esac; }
 cd "$(dirname "$0")/.." || exit 2
 export ZF_REQUIRE_PINNED=1  # a benchmark run whose copies could not be pinned overlaps nothing: it stops
 
@@ -45,12 +47,12 @@ while [ $# -gt 0 ]; do
         --model) MODEL=$2; shift 2 ;;  # a stand-in's settings (make test's run)
         --seq) T=$2; shift 2 ;;
         --no-gpu-check) NO_GPU_CHECK=1; shift ;;
-        --bin) BIN=$2; shift 2 ;;
-        --out) OUT=$2; shift 2 ;;
+        --bin) BIN=$(in_caller "$2"); shift 2 ;;
+        --out) OUT=$(in_caller "$2"); shift 2 ;;
         --batch) BATCHES=$2; shift 2 ;;
-        --train) TRAIN=$2; shift 2 ;;
-        --val) VAL=$2; shift 2 ;;
-        --llmc-bin) LLMC_BIN=$2; shift 2 ;;
+        --train) TRAIN=$(in_caller "$2"); shift 2 ;;
+        --val) VAL=$(in_caller "$2"); shift 2 ;;
+        --llmc-bin) LLMC_BIN=$(in_caller "$2"); shift 2 ;;
         -h|--help) awk 'NR > 1 && !/^#/ { exit } NR > 1' "$0"; exit 0 ;;  # the comment on top
         *) echo "bench_llmc.sh: unknown argument $1 (hint: --help)" >&2; exit 2 ;;
     esac

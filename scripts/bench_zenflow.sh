@@ -46,6 +46,8 @@
 # grow their memory as it is used: MemAvailable is far below what they can have); the table
 # names such runs and gives the host memory at start and at the end.
 set -u
+CALLER=$PWD  # paths on the command line are relative to where the script was started
+in_caller() { case $1 in /*) echo "$1" ;; *) echo "$CALLER/$1" ;; esac; }
 cd "$(dirname "$0")/.." || exit 2
 export ZF_REQUIRE_PINNED=1  # a benchmark run whose copies could not be pinned overlaps nothing: it stops
 ARGS="$*"
@@ -60,12 +62,29 @@ BUDGET=0
 NO_GPU_CHECK=0
 B=4
 T=1024
+U=4
+K=0.1
+
+# the trainer's flags of each mode the table can hold (--modes)
+mode_flags() {
+    case $1 in
+        adamw) echo "-zo adamw" ;;
+        offload) echo "-zo offload" ;;
+        offload-whole) echo "-zo offload -zp 0" ;;
+        zenflow-cpu) echo "-zo zenflow -zk $K -zu $U -za cpu" ;;
+        zenflow-cpu-whole) echo "-zo zenflow -zk $K -zu $U -za cpu -zp 0" ;;
+        zenflow-gpu) echo "-zo zenflow -zk $K -zu $U -za gpu" ;;
+        zenflow-auto) echo "-zo zenflow -zk $K -zu auto -za gpu" ;;
+        *) echo "bench_zenflow.sh: unknown mode $1" >&2; exit 2 ;;
+    esac
+}
+
 while [ $# -gt 0 ]; do
     case $1 in
         --quick) MODELS="d12 d48"; MODES="adamw offload zenflow-cpu zenflow-gpu"; STEPS=8; shift ;;
         --modes) MODES=$2; shift 2 ;;
-        --bin) BIN=$2; shift 2 ;;
-        --out) OUT=$2; shift 2 ;;
+        --bin) BIN=$(in_caller "$2"); shift 2 ;;
+        --out) OUT=$(in_caller "$2"); shift 2 ;;
         --budget) BUDGET=$2; shift 2 ;;
         --models) MODELS=$2; shift 2 ;;
         --warmup) WARMUP=$2; shift 2 ;;
@@ -77,6 +96,7 @@ while [ $# -gt 0 ]; do
         *) echo "bench_zenflow.sh: unknown argument $1 (hint: --help)" >&2; exit 2 ;;
     esac
 done
+for mode in $MODES; do mode_flags "$mode" >/dev/null || exit 2; done  # a typo stops here, before any run
 START=$(date +%s)
 mkdir -p "$OUT/models" "$OUT/logs" || exit 2
 if [ ! -x "$BIN" ]; then
@@ -90,8 +110,6 @@ fi
 CXX=${CXX:-g++}
 DEVICE=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
 DEVICE=${DEVICE:-unknown GPU}
-U=4
-K=0.1
 
 # ----------------------------------------------------------------------------
 # data and models
@@ -137,19 +155,6 @@ run_trainer() {
     # shellcheck disable=SC2046
     timeout --kill-after=10 600 "$BIN" -e "$1" -i "$TRAIN" -j "$VAL" -b $B -t $T -x $((WARMUP + STEPS)) \
         -v 0 -s 0 -zs 0 $(mode_flags "$2") -zm "$3" >"$4" 2>&1
-}
-
-mode_flags() {
-    case $1 in
-        adamw) echo "-zo adamw" ;;
-        offload) echo "-zo offload" ;;
-        offload-whole) echo "-zo offload -zp 0" ;;
-        zenflow-cpu) echo "-zo zenflow -zk $K -zu $U -za cpu" ;;
-        zenflow-cpu-whole) echo "-zo zenflow -zk $K -zu $U -za cpu -zp 0" ;;
-        zenflow-gpu) echo "-zo zenflow -zk $K -zu $U -za gpu" ;;
-        zenflow-auto) echo "-zo zenflow -zk $K -zu auto -za gpu" ;;
-        *) echo "bench_zenflow.sh: unknown mode $1" >&2; exit 2 ;;
-    esac
 }
 
 # ----------------------------------------------------------------------------

@@ -12,6 +12,8 @@
 # comparison runs the same baseline. The files are llm.c's own (MIT, its LICENSE comes
 # along) and are never committed here: build/ is ignored.
 set -u
+CALLER=$PWD  # paths on the command line are relative to where the script was started
+in_caller() { case $1 in /*) echo "$1" ;; *) echo "$CALLER/$1" ;; esac; }
 cd "$(dirname "$0")/.." || exit 2
 URL=https://github.com/karpathy/llm.c
 COMMIT=f1e2ace651495b74ae22d45d1723443fd00ecd3a  # a commit of llm.c's master branch
@@ -26,9 +28,9 @@ if [ $# -gt 1 ]; then
 fi
 tmp=""
 if [ $# -eq 1 ]; then
-    GIT_DIR_SRC=$1
+    GIT_DIR_SRC=$(in_caller "$1")
     git --git-dir="$GIT_DIR_SRC" rev-parse --git-dir >/dev/null 2>&1 \
-        || GIT_DIR_SRC="$1/.git"  # a work tree rather than a bare mirror
+        || GIT_DIR_SRC="$GIT_DIR_SRC/.git"  # a work tree rather than a bare mirror
     git --git-dir="$GIT_DIR_SRC" rev-parse --git-dir >/dev/null 2>&1 \
         || fail "$1 is not a git repository (hint: a clone of $URL)"
 else

@@ -36,6 +36,8 @@ as_root() {  # as_root WHAT: root, or sudo, or stop with a hint
     fi
 }
 if [ ${#missing[@]} -gt 0 ]; then
+    command -v apt-get >/dev/null 2>&1 || {
+        echo "error: missing ${missing[*]}, and no apt-get to install them (hint: install their equivalents with this system's package manager)" >&2; exit 1; }
     as_root "${missing[*]}"
     echo "installing Debian packages: ${missing[*]}"
     export DEBIAN_FRONTEND=noninteractive
@@ -57,5 +59,8 @@ done
 [ ${#pins[@]} -eq 0 ] && exit 0
 as_root "${pins[*]}"
 echo "installing from PyPI: ${pins[*]}"
-$SUDO "$PYTHON" -m pip install -q --break-system-packages "${pins[@]}" || {
+# Debian 12's pip refuses the system interpreter without this flag; a pip older than 23 lacks it
+pip_flags=(-q)
+"$PYTHON" -m pip install --help 2>/dev/null | grep -q -- --break-system-packages && pip_flags+=(--break-system-packages)
+$SUDO "$PYTHON" -m pip install "${pip_flags[@]}" "${pins[@]}" || {
     echo "error: pip could not install ${pins[*]} for $PYTHON (hint: is PyPI reachable?)" >&2; exit 1; }
