@@ -67,9 +67,12 @@ def exit_on_input_error():
 
 
 def split_label(item, default):
-    """A command line's "[label=]path": (label, path), the label `default` where none is given."""
+    """A command line's "[label=]path": (label, path), the label `default` where none is given.
+    A path that exists, or whose "=" comes after a "/" (runs/lr=1e-3/main.log), has no label."""
     label, sep, path = item.partition("=")
-    return (label, path) if sep else (default, item)
+    if not sep or "/" in label or os.path.exists(item):
+        return default, item
+    return label, path
 
 
 @contextlib.contextmanager

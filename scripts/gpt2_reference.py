@@ -81,6 +81,18 @@ class FormatError(Exception):
         super().__init__(message)
 
 
+def check_writable(flag, path):
+    """raises FormatError unless `path` can be written: checked before the work, not after it"""
+    if path is None:
+        return
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise FormatError(flag, f"{path} is a folder", "name a file")
+    if not os.path.isdir(folder) or not os.access(folder, os.W_OK | os.X_OK):
+        raise FormatError(flag, f"cannot write {path}: {folder} is not a folder this user can write",
+                          "check the path")
+
+
 def padded_vocab(V):
     """Vp: V rounded up to a multiple of 128 (50257 -> 50304)."""
     return (V + 127) // 128 * 128
@@ -565,6 +577,8 @@ def cmd_state(args):
 
 
 def cmd_train(args):
+    check_writable("--out", args.out)
+    check_writable("--out-model", args.out_model)
     model = read_model(args.model)
     check_T(model, args.T)
     loader = DataLoader(args.data, args.B, args.T, model.config.vocab_size)
@@ -608,7 +622,7 @@ def add_batch_args(p):
 def add_adamw_args(p):
     """N steps of AdamW with these settings (the trainers' defaults)"""
     p.add_argument("--steps", type=int, required=True)
-    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--lr", type=float, default=3e-4)
     p.add_argument("--wd", type=float, default=0.0)
     p.add_argument("--beta1", type=float, default=0.9)
     p.add_argument("--beta2", type=float, default=0.95)
@@ -668,6 +682,9 @@ def main(argv=None):
         args.func(args)
     except FormatError as e:
         print(str(e), file=sys.stderr)
+        return 1
+    except OSError as e:  # a file that could not be read or written: one line, not a traceback
+        print(f"error: {e.filename}: {e.strerror}", file=sys.stderr)
         return 1
     return 0
 

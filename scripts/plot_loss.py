@@ -93,16 +93,25 @@ def plot(runs, out, smooth=0, title=None):
     plt.close(fig)
 
 
+def default_label(path):
+    """a run's main.log is named by its folder (-o), any other log by its own name"""
+    name = os.path.basename(path)
+    if name == "main.log":
+        return os.path.basename(os.path.dirname(os.path.abspath(path)))
+    return os.path.splitext(name)[0]
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--log", action="append", required=True, help="label=path (repeat)")
+    ap.add_argument("--log", action="append", required=True,
+                    help="[label=]path (repeat; no label: a main.log is named by its folder, another log by its name)")
     ap.add_argument("--out", required=True)
     ap.add_argument("--smooth", type=int, default=0)
     ap.add_argument("--title")
     args = ap.parse_args()
     runs = []
     for item in args.log:
-        label, path = data_files.split_label(item, os.path.basename(os.path.dirname(os.path.abspath(item))))
+        label, path = data_files.split_label(item, default_label(item))
         with data_files.one_line_errors(path, "a main.log or a trainer's output"):
             runs.append((label, read_log(path)))
     with data_files.one_line_errors(args.out, "a picture", "--out must be in a folder that exists"):

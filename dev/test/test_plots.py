@@ -355,6 +355,19 @@ def test_plot_loss(tmp):
     run_script("plot_loss.py", *sum((["--log", l] for l in logs), []), "--out", out,
                "--smooth", "5")
     check_png(out)
+    # a label only before the first "=" of a path that does not exist, and not after a "/"
+    df = module("data_files")
+    named = os.path.join(tmp, "lr=1e-3", "main.log")
+    os.makedirs(os.path.dirname(named))
+    with open(named, "w") as f:
+        f.write("s:1 trl:10.0\n")
+    assert df.split_label(named, "d") == ("d", named), df.split_label(named, "d")
+    assert df.split_label("runs/lr=1e-3/main.log", "d") == ("d", "runs/lr=1e-3/main.log")
+    assert df.split_label("fast=runs/lr=1e-3/main.log", "d") == ("fast", "runs/lr=1e-3/main.log")
+    # without a label: a main.log is named by its folder (-o), any other log by its own name
+    assert [pl.default_label(x) for x in (named, os.path.join(tmp, "zenflow.log"))] == ["lr=1e-3", "zenflow"]
+    run_script("plot_loss.py", "--log", named, "--out", out)
+    check_png(out)
 
 
 def test_path_errors(tmp):
