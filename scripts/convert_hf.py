@@ -151,16 +151,17 @@ def read_weights(folder):
     """every tensor of the folder's weights as fp32 numpy arrays, the prefix "transformer." dropped"""
     torch = need("torch", "reading the weights")
     files = []
-    for index in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
-        if (folder / index).is_file():
-            weight_map = json.loads((folder / index).read_text())["weight_map"]
+    # transformers' order: safetensors before pytorch_model, one file before an index of shards
+    for name in ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                 "pytorch_model.bin.index.json"):
+        if not (folder / name).is_file():
+            continue
+        if name.endswith(".index.json"):
+            weight_map = json.loads((folder / name).read_text())["weight_map"]
             files = sorted({folder / f for f in weight_map.values()})
-            break
-    else:
-        for single in ("model.safetensors", "pytorch_model.bin"):
-            if (folder / single).is_file():
-                files = [folder / single]
-                break
+        else:
+            files = [folder / name]
+        break
     if not files:
         raise ConvertError(f"{folder}: no model.safetensors or pytorch_model.bin (hint: download the "
                            f"weights too, not only config.json)")

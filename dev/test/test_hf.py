@@ -22,7 +22,8 @@ Then:
      that checkpoint (1e-5).
 And the converter's errors, one line each: a model name with no network, a folder without
 weights, a GELU that is not GPT-2's, an lm_head not tied to wte. (A weights file that keeps
-the tied pair under lm_head.weight alone, as safetensors' save_model does, imports like any.)
+the tied pair under lm_head.weight alone, as safetensors' save_model does, imports like any;
+beside an index of other shards, model.safetensors is the file read, as transformers reads it.)
 
 What must match for the logits to agree (and the converter refuses a config.json that differs):
   - GELU: GPT-2's "gelu_new", 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), which is our
@@ -39,6 +40,7 @@ Prints SKIPPED (exit 0) when transformers or safetensors is not installed.
 """
 import json
 import os
+import shutil
 import struct
 import subprocess
 import sys
@@ -180,6 +182,19 @@ def test_shape(transformers, torch, forward_bin, trainer, shape, tmp):
         p = convert("import", lm_only, tmp / "lm_only.bin")
         check(f"{name}: a file with lm_head.weight and no wte.weight imports to the same file",
               p.returncode == 0 and (tmp / "lm_only.bin").read_bytes() == ours.read_bytes(), p.stderr.strip())
+        # a folder that holds one weights file and an index of other shards: what transformers loads
+        both, other = tmp / "both", tmp / "other_shards"
+        shutil.copytree(hf_dir, both)
+        random_model(transformers, torch, L, C, NH, V, maxT, seed=7).save_pretrained(
+            other, safe_serialization=True, max_shard_size="20KB")
+        shards = [f for f in other.iterdir() if f.name.startswith("model-") or f.name.endswith(".index.json")]
+        for f in shards:
+            shutil.copy(f, both / f.name)
+        loaded = transformers.GPT2LMHeadModel.from_pretrained(both, attn_implementation="eager").eval()
+        p = convert("import", both, tmp / "both.bin")
+        check(f"{name}: beside an index of {len(shards) - 1} other shards, model.safetensors is read, as by "
+              f"transformers", p.returncode == 0 and (tmp / "both.bin").read_bytes() == ours.read_bytes()
+              and same_bits(hf_forward(torch, loaded, x, y)[0], ref_logits), p.stderr.strip())
 
     # 4. a checkpoint of a short fine-tuning run, exported from its folder
     if name != "c48":
