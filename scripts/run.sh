@@ -5,14 +5,12 @@
 # Extra arguments go to the trainer, e.g. `make run ARGS="-x 100"`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-gpu=no
-if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then gpu=yes; fi
-if [ $gpu = yes ] && [ -x ./train_gpt2cu ]; then
-    echo "make run: GPU found, training with train_gpt2cu"
-    # -m 7: the val shard holds 7 batches of 4 x 1024
-    exec ./train_gpt2cu -e d12 -b 4 -t 1024 -x 50 -v 25 -m 7 -s 50 "$@"
-fi
-if [ $gpu = yes ]; then
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+    if [ -x ./train_gpt2cu ]; then
+        echo "make run: GPU found, training with train_gpt2cu"
+        # -m 7: the val shard holds 7 batches of 4 x 1024
+        exec ./train_gpt2cu -e d12 -b 4 -t 1024 -x 50 -v 25 -m 7 -s 50 "$@"
+    fi
     echo "make run: a GPU, but no train_gpt2cu (nvcc not found), training with the CPU reference trainer on a small model"
 else
     echo "make run: no GPU here, training with the CPU reference trainer on a small model"
