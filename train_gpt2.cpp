@@ -1084,16 +1084,17 @@ int main(int argc, char* argv[]) {
              zf_mode_names[zcfg.mode], B, T);
     gpu_memory_print(gpu_bytes, heading);
     ZfAdamHyper hyper = {args.lr, 0.9f, 0.95f, 1e-8f, args.weight_decay};
-    if (args.trace_path != NULL) {
-        trace_open(args.trace_path, args.trace_first, args.trace_first + args.trace_steps - 1);
-    }
-    FILE* scores_file = scores_path != NULL ? scores_open(scores_path, &zf) : NULL;
     // the sampler's xorshift state is the seed itself, as in llm.c (whose trainers start it at
     // 1337): samples of a model draw the same coins here and there (dev/test/test_llmc_cpu.py)
     uint64_t rng = (uint64_t)args.seed;
     const OptimizerState zf_state = {&zf, zf_save_state, zf_load_state};  // llmc/checkpoint.h
     const TrainerModel hooks = {&model, model_loss, model_next_probs, model_params, model_stop, model_finish};
     int start_step = run_dir_resume(&run, zf_state, &data.train, &rng, {&model, set_params}, cfg);
+    // the files the run writes beside -o's are opened once the resume's checks have passed
+    if (args.trace_path != NULL) {
+        trace_open(args.trace_path, args.trace_first, args.trace_first + args.trace_steps - 1);
+    }
+    FILE* scores_file = scores_path != NULL ? scores_open(scores_path, &zf) : NULL;
 
     for (int step = start_step >= 0 ? start_step : 0; step <= steps; step++) {
         between_steps(&run, &args, step, &data, hooks, zf_state, cfg, &rng);  // -v, -s, -n, a stop

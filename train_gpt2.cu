@@ -548,11 +548,6 @@ int main(int argc, char* argv[]) {
     print_memory_table(&model, &zf);
 
     run_dir_open(&run);  // only once every check has passed: the lock, and a run already there
-    FILE* metrics = NULL;
-    if (metrics_path != NULL) {
-        metrics = fopenCheck(metrics_path, "w");
-        fprintf(metrics, "step,loss,ms,gpu_ms,compute_ms,stall_ms,cpu_ms,d2h_bytes,h2d_bytes,window_update_ms,select_ms\n");
-    }
 
     ZfAdamHyper hyper = {args.lr, 0.9f, 0.95f, 1e-8f, args.weight_decay};
     uint64_t rng = (uint64_t)args.seed;  // the sampler's state, as in llm.c (train_gpt2.cpp says why)
@@ -560,9 +555,15 @@ int main(int argc, char* argv[]) {
     const TrainerModel hooks = {&model, model_loss, model_next_probs, model_params, model_stop, model_finish};
     int start_step = run_dir_resume(&run, zf_state, &data.train, &rng, {&model, set_params}, cfg);
 
+    // the files the run writes beside -o's are opened once the resume's checks have passed
     if (args.trace_path != NULL) {
         trace_open(args.trace_path, args.trace_first, args.trace_first + args.trace_steps - 1);
         gpu_trace_open();
+    }
+    FILE* metrics = NULL;
+    if (metrics_path != NULL) {
+        metrics = fopenCheck(metrics_path, "w");
+        fprintf(metrics, "step,loss,ms,gpu_ms,compute_ms,stall_ms,cpu_ms,d2h_bytes,h2d_bytes,window_update_ms,select_ms\n");
     }
 
     for (int step = start_step >= 0 ? start_step : 0; step <= steps; step++) {

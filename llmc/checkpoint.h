@@ -12,8 +12,9 @@ guarantees: one run at a time per directory, and no run loses or mixes another's
   manifest's own checksum, the files' sizes, the model's header) come first; the checksums of
   the files are taken while the trainer loads them, so nothing is read twice, and a file that
   does not match sends the resume back to the next older checkpoint. One line names each
-  newer checkpoint skipped, and why. The resume also checks what it is told (the model's
-  shape, -x, -b, -t), names the settings that changed, and cuts main.log back to its step.
+  newer checkpoint skipped, and why. The resume then checks what it is told (the model's
+  shape, -x, -b, -t) against the checkpoint it continues, names the settings that changed,
+  and cuts main.log back to its step.
 - An exclusive flock on <dir>/lock keeps a second run out; the kernel drops it when the
   process dies, so a kill -9 leaves no stale lock.
 - A new run into a directory that holds one is refused (-y 1 continues it, -y 2 replaces it).
@@ -73,6 +74,7 @@ typedef struct {
     int argc;
     char** argv;
     int mode;  // -y
+    const TrainArgs* args;  // what the run is told, which a resume checks (run_dir_check_resume)
     uint64_t run_id;
     char settings[4096];
     std::vector<int> steps;  // the steps with a checkpoint file (-y 1), newest first
@@ -370,7 +372,8 @@ static inline int stop_requested(void) { return g_stop_signal != 0; }
 // ----------------------------------------------------------------------------
 // starting a run: run_dir_begin, run_dir_open, run_dir_resume
 
-// the checks of a resume against what it is told: the model's shape, -x, -b, -t
+// the checks of a resume against what it is told: the model's shape and -x (the state file's
+// reader checks -b and -t)
 static inline void run_dir_check_resume(const RunDir* run, const TrainArgs* args) {
     const Manifest* m = &run->chosen;
     const GPT2Config* c = &m->config;
@@ -392,14 +395,6 @@ static inline void run_dir_check_resume(const RunDir* run, const TrainArgs* args
     if (args->steps < m->step || (args->steps == m->step && m->evaluated)) {
         fatal("-x %d: the checkpoint of step %d in %s is already there (hint: give -x above %d to train on; the "
                 "model is %s/model_%08d.bin)", args->steps, m->step, run->dir, m->step, run->dir, m->step);
-    }
-    int B = 0, T = 0;
-    const char* b = strstr(m->settings, "\n-b ");
-    const char* t = strstr(m->settings, "\n-t ");
-    if (b != NULL && t != NULL && sscanf(b, "\n-b %d", &B) == 1 && sscanf(t, "\n-t %d", &T) == 1 &&
-        (B != args->B || T != args->T)) {
-        fatal("-b %d -t %d: the checkpoint of step %d in %s was written with -b %d -t %d (hint: resume with the "
-                "same -b and -t)", args->B, args->T, m->step, run->dir, B, T);
     }
 }
 
@@ -429,8 +424,8 @@ static inline int run_dir_any_manifest(const RunDir* run) {
 }
 
 // Before anything is built: SIGINT and SIGTERM are caught, a run already in the directory is
-// refused at once (if it has left its lock file), and with -y 1 the newest checkpoint that passes the cheap checks is chosen and
-// checked against the command line. Returns the model to build: that checkpoint's model file,
+// refused at once (if it has left its lock file), and with -y 1 the newest checkpoint that
+// passes the cheap checks is chosen. Returns the model to build: that checkpoint's model file,
 // or -e.
 static inline const char* run_dir_begin(RunDir* run, const TrainArgs* args, int argc, char** argv) {
     run->dir = args->output_dir;
@@ -438,6 +433,7 @@ static inline const char* run_dir_begin(RunDir* run, const TrainArgs* args, int 
     run->argc = argc;
     run->argv = argv;
     run->mode = args->resume;
+    run->args = args;
     run->chosen.step = -1;
     run->skipped[0] = '\0';
     run->log = NULL;
@@ -458,7 +454,6 @@ static inline const char* run_dir_begin(RunDir* run, const TrainArgs* args, int 
                run->steps.empty() ? "" : "; not finished: ", run->skipped);
         return args->model_spec;
     }
-    run_dir_check_resume(run, args);
     static char path[4096];
     ckpt_path(path, sizeof(path), run->dir, "model", run->chosen.step);
     snprintf(gpt2_model_read.expect_path, sizeof(gpt2_model_read.expect_path), "%s", path);
@@ -477,6 +472,10 @@ static inline void run_dir_open(RunDir* run) {
     run_dir_lock(run, 1);
     std::vector<std::string> names, tmps;
     std::vector<int> steps = ckpt_list(run->dir, 0, &names);
+    if (run->mode == RESUME_CONTINUE && steps != run->steps) {  // a run came and went since run_dir_begin
+        fatal("-o %s: its checkpoints changed while this run started (another run wrote there) (hint: run the "
+                "same command again)", run->dir);
+    }
     int logged = log_last_step(run->dir);
     if (run->mode == 0 && (!steps.empty() || logged >= 0)) {
         char what[256] = "";
@@ -638,6 +637,7 @@ static inline int run_dir_resume(RunDir* run, OptimizerState opt, DataLoader* lo
     gpt2_model_read.expect_path[0] = '\0';
     if (run->skipped[0] != '\0') { printf("skipped newer checkpoints: %s\n", run->skipped); }
     if (run->chosen.step >= 0) {
+        run_dir_check_resume(run, run->args);  // against the one it continues, not a damaged newer one
         run->run_id = run->chosen.run_id;  // the run goes on
         std::string changed = run_dir_changed_settings(run->settings, run->chosen.settings);
         if (!changed.empty()) { printf("resuming with changed settings: %s\n", changed.c_str()); }

@@ -16,16 +16,18 @@ a final model byte-identical to an uninterrupted run's (and, where it says so, m
     -tr file that cannot be written: refused before anything is removed; -tr and -zl in an -o
     that does not exist yet: written there; -y 2 replaces the run
  2. 4 KB of garbage in the newest state file; a damaged model payload (finite values): resume
-    skips that checkpoint, naming it, and ends byte-identical with the same main.log; every
-    checkpoint damaged: a clear error, nothing changed
+    skips that checkpoint, naming it, and ends byte-identical with the same main.log (also with
+    an -x at the damaged one's step: -x is checked against the checkpoint resumed); every
+    checkpoint damaged: a clear error, nothing changed (a -tr file there is not emptied)
  3. two runs at once: one runs, the other stops at once naming its pid; after a kill -9 the lock
-    is free again
+    is free again; a run that writes a checkpoint between a -y 1's choice and its lock (no lock
+    file yet): the -y 1 stops, the other run's work kept
  4. SIGTERM and SIGINT during training (no -n): a checkpoint, exit 143 or 130, the resume line;
     SIGINT during validation and during the final sample: stopped there (no val line, the
     sample cut short), and the resume redoes that step's evaluation and sample (the same tokens);
     a second SIGINT exits at once; the timeline (-tr) is valid JSON
  5. resume with another model shape, another -b, or an -x at or below the checkpoint: refused,
-    nothing changed; other changes are named in one line
+    nothing changed (nor a -tr file in -o); other changes are named in one line
  6. main.log holds each step once after a resume (the same file as the uninterrupted run's)
  7. disk full (a checkpoint's temporary file on /dev/full): one line, its .tmp removed, the
     earlier checkpoints unchanged, and a resume from them ends byte-identical
@@ -194,6 +196,12 @@ def main():
         check("  ... named in one line", [] if skip == ["skipped newer checkpoints: 10 (state_00000010.bin does not "
                                                         "match its checksum)"] and "resumed from the checkpoint of step 8"
               in r.stdout else [f"stdout lines {skip}"], skip[0] if skip else "")
+        garbage_x = copy_of(base, "garbage_state_x")  # -x at its step: told against the one resumed
+        with open(os.path.join(garbage_x, "state_00000010.bin"), "r+b") as f:
+            f.seek(4096)
+            f.write(os.urandom(4096))
+        resumed_same("-x 10 where the newest checkpoint, 10, is damaged", garbage_x, base, 10, "-n", "2",
+                     same_log=True, detail="skipped 10, ")
         payload = copy_of(base, "damaged_model")
         with open(os.path.join(payload, "model_00000010.bin"), "r+b") as f:
             f.seek(1024 + 4 * 100)
@@ -209,8 +217,11 @@ def main():
             with open(os.path.join(ruined, f"state_{s:08d}.bin"), "r+b") as f:
                 f.seek(2048)
                 f.write(b"\xff" * 64)
+        with open(os.path.join(ruined, "t.json"), "w") as f:
+            f.write("an earlier run's timeline\n")
         before = digests(ruined)
-        refused("every checkpoint damaged", run(argv(ruined, 14, "-n", "2", "-y", "1")),
+        refused("every checkpoint damaged (and -tr in -o)", run(argv(ruined, 14, "-n", "2", "-y", "1", "-tr",
+                                                                      os.path.join(ruined, "t.json"))),
                 ["no checkpoint in", "verifies", "10 (state_00000010.bin does not match", "2 (state_00000002.bin"],
                 before, ruined)
 
@@ -244,6 +255,36 @@ def main():
         r = run(argv(killed, 4, "-y", "1"))
         check("kill -9 leaves no stale lock", [] if r.returncode == 0 else [f"exit {r.returncode}: {err_lines(r.stderr)}"],
               "the next run takes the directory")
+        # a -y 1 chooses its checkpoint before it takes the lock; where there is no lock file yet,
+        # another run may write one in between. The tokenizer read from a fifo holds the first
+        # run there (it is read after the choice, before the lock) while the other runs.
+        raced = copy_of(base, "raced")
+        os.remove(os.path.join(raced, "lock"))
+        fifo = d("tokenizer.fifo")
+        os.mkfifo(fifo)
+        a = argv(raced, 14, "-n", "2", "-y", "1")
+        a[a.index("-k") + 1] = fifo
+        p = start(a)
+        fd, before = -1, None
+        while fd < 0 and p.poll() is None:  # (the open succeeds once the first run has the fifo open)
+            try:
+                fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+            except OSError:
+                time.sleep(0.01)
+        if fd >= 0:
+            run(argv(raced, 12, "-n", "2", "-y", "1", "-l", "2e-3")).check_returncode()
+            before = digests(raced)
+            os.set_blocking(fd, True)
+            tokens = b"".join(bytes([1, 33 + i % 90]) for i in range(97))  # a tokenizer of 97 one-byte tokens
+            os.write(fd, b"".join(v.to_bytes(4, "little") for v in [20240328, 2, 97, 96] + [0] * 252) + tokens)
+            os.close(fd)
+        _, err = p.communicate(timeout=300)
+        lines = err_lines(err)
+        problems = [] if p.returncode == 1 and len(lines) == 1 and "checkpoints changed while this run started" in lines[0] \
+            else [f"exit {p.returncode}: {lines[-2:]}"]
+        check("a run written between a -y 1's choice and its lock", problems + (
+            ["files in -o changed"] if not problems and digests(raced) != before else []),
+            f"'{lines[0] if lines else ''}', the other run's checkpoint 12 kept")
 
         # 4. signals
         for sig, code in ((signal.SIGTERM, 143), (signal.SIGINT, 130)):
@@ -352,17 +393,20 @@ def main():
 
         # 5. resume told something else
         told = copy_of(base, "told")
+        with open(os.path.join(told, "t.json"), "w") as f:
+            f.write("an earlier run's timeline\n")
         before = digests(told)
         refused("resume with another model shape", run(argv(told, 14, "-n", "2", "-y", "1", model="d4c256h4")),
                 ["-e d4c256h4", "step 10", "holds L=2"], before, told)
         refused("resume with another -b", run(argv(told, 14, "-n", "2", "-y", "1", "-b", "2")),
-                ["-b 2 -t 16", "written with -b 4 -t 16"], before, told)
+                ["state_00000010.bin", "written with B=4 T=16, this run has B=2 T=16"], before, told)
         auto_u = ["-zo", "zenflow", "-zk", "0.2", "-zu", "auto", "-zs", "6", "-zv", "1"]
         refused("resume with another -zu", run(argv(told, 14, "-n", "2", "-y", "1", opt=auto_u)),
                 ["written with -zo zenflow -zk 0.2 -zu 3 -zs 6", "this run uses -zo zenflow -zk 0.2 -zu auto -zs 6",
                  "resume with the same flags"], before, told)
         for x in (10, 6):
-            refused(f"resume with -x {x} on a checkpoint of step 10", run(argv(told, x, "-n", "2", "-y", "1")),
+            refused(f"resume with -x {x} on a checkpoint of step 10", run(argv(told, x, "-n", "2", "-y", "1", "-tr",
+                                                                               os.path.join(told, "t.json"))),
                     [f"-x {x}", "step 10", "already there"], before, told)
         r = run(argv(told, 12, "-n", "2", "-y", "1", "-l", "2e-3"))
         changed = [l for l in r.stdout.splitlines() if l.startswith("resuming with changed settings")]
