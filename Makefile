@@ -15,8 +15,11 @@ NVCC ?= nvcc
 # -ffp-contract=off: no fused multiply-add, so the AdamW step is bitwise the spec's
 # (docs/zenflow_spec.md 3.1) and the CPU trainer is reproducible; never -ffast-math.
 # `make CXXFLAGS="-O2 -march=x86-64-v3"` replaces the first line only: `override` keeps the
-# second (a variable set on make's command line would otherwise ignore the +=).
-CXXFLAGS ?= -O3 -march=native
+# second (a variable set on make's command line would otherwise ignore the +=). A CXXFLAGS in
+# the environment (conda's compilers export one) does not: the build is the same everywhere.
+ifneq ($(origin CXXFLAGS),command line)
+CXXFLAGS = -O3 -march=native
+endif
 override CXXFLAGS += -std=c++17 -fopenmp -ffp-contract=off -Wall -Wextra -Wno-unused-function
 LDLIBS = -lpthread -lm
 

@@ -119,6 +119,12 @@ def mirror_dir():
     return Path(d) if d else None
 
 
+def local_input(name, data_dir=None):
+    """Where input_path would find `name` without a download, unchecked; None if nowhere."""
+    places = [Path(data_dir)] if data_dir is not None else [d for d in (mirror_dir(), DOWNLOAD_DIR) if d]
+    return next((d / name for d in places if (d / name).is_file()), None)
+
+
 def input_path(name, data_dir=None):
     """Path of input `name` (a key of INPUTS), located as described above and sha256-checked."""
     url, expected = INPUTS[name]

@@ -19,7 +19,8 @@ and each section's trailing "\n\n" sits before the next eot. The first 32,768 to
 (about 10%) are the validation split, the rest the training split.
 
 Inputs come from $DATA_MIRROR_DIR or are downloaded (see data_files.py), sha256-checked.
-If all outputs are newer than the inputs and these scripts, nothing is redone.
+If all outputs are newer than these scripts and the inputs (those found without a download),
+nothing is redone: the data, once prepared, needs neither the network nor the mirror again.
 """
 
 import argparse
@@ -74,20 +75,21 @@ def main():
         if not os.access(existing, os.W_OK):
             raise PermissionError(13, "not writable", str(existing))
 
-    with data_files.exit_on_input_error():  # missing / wrong input: one line, exit 1
-        text_path = data_files.input_path("tinyshakespeare.txt", args.data_dir)
-        encoder_path = data_files.input_path("gpt2/encoder.json", args.data_dir)
-        vocab_path = data_files.input_path("gpt2/vocab.bpe", args.data_dir)
-
-    # outputs depend on the inputs and on the code that produced them
+    # outputs depend on the code that produced them and on the inputs, of which those found
+    # without a download count (one no longer here, e.g. from a mirror since unset, made them)
     here = Path(__file__).resolve().parent
-    deps = [text_path, encoder_path, vocab_path,
-            here / "prepare_tinyshakespeare.py", here / "bpe.py", here / "data_files.py"]
+    deps = [here / "prepare_tinyshakespeare.py", here / "bpe.py", here / "data_files.py"]
+    deps += [p for p in (data_files.local_input(n, args.data_dir) for n in data_files.INPUTS) if p is not None]
     if not args.force and all(p.is_file() for p in outputs):
         oldest_output = min(p.stat().st_mtime for p in outputs)
         if oldest_output > max(p.stat().st_mtime for p in deps):
             print(f"up to date: {', '.join(str(p) for p in outputs)}")
             return
+
+    with data_files.exit_on_input_error():  # missing / wrong input: one line, exit 1
+        text_path = data_files.input_path("tinyshakespeare.txt", args.data_dir)
+        encoder_path = data_files.input_path("gpt2/encoder.json", args.data_dir)
+        vocab_path = data_files.input_path("gpt2/vocab.bpe", args.data_dir)
 
     t0 = time.time()
     enc = bpe.Tokenizer(encoder_path, vocab_path)

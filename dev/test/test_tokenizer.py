@@ -172,6 +172,10 @@ def test_prepare(enc, text, fixture, out):
     p, secs = run_prepare("--out", str(out))
     check("second run says 'up to date'", p.returncode == 0 and "up to date" in p.stdout,
           f"exit {p.returncode}, stdout {p.stdout.strip()!r}")
+    with tempfile.TemporaryDirectory() as empty:  # ... and needs no input for that
+        p, secs = run_prepare("--out", str(out), "--data-dir", empty)
+    check("... also where the inputs are gone (--data-dir of an empty folder)",
+          p.returncode == 0 and "up to date" in p.stdout, f"exit {p.returncode}, stderr {p.stderr.strip()!r}")
 
 
 def test_repo_data(fixture):
