@@ -28,9 +28,9 @@ typedef struct {
 // AdamW. All arrays have n elements and must not overlap each other (p, m, v are updated
 // in place). s is the global step number, 1-based (s = t + 1). Runs an OpenMP parallel
 // region with the calling thread's OpenMP thread count; the result does not depend on it.
-// Speed (not results) depends on where the arrays lie: on AMD Zen, p, m, v, g exactly a
-// large power of two apart (e.g. back-to-back arrays of 2^k floats) ran ~1.4x slower than
-// arrays with a 64 KB gap between them (dev/bench_cpu_adam.cpp shows both). 64-byte
+// Speed (not results) may depend on where the arrays lie: p, m, v, g exactly a large power of
+// two apart (back-to-back arrays of 2^k floats) can compete for the same cache sets, unlike
+// arrays with a 64 KB gap between them (dev/bench_cpu_adam.cpp times both). 64-byte
 // alignment is best; any alignment works.
 
 // One AdamW step over n elements with the gradient g[i] / steps: steps = 1 for one step's

@@ -56,6 +56,7 @@ static inline void train_args_usage(const char* program, const char* more_usage)
             "  -s <int>    sample every this many steps, 0 = never (default 20)\n"
             "  -g <int>    tokens to generate (default 64)\n"
             "  -n <int>    write a checkpoint (model + state) into -o every this many steps, 0 = never\n"
+            "              (with -o, a stop by SIGINT or SIGTERM writes one all the same)\n"
             "  -y <0|1|2>  1: continue the run in -o from its newest checkpoint; 2: replace the run in -o\n"
             "              (deletes its main.log and checkpoints); 0: a new run, refused where -o holds one (default 0)\n"
             "  -r <int>    random seed for init and sampling, >= 1 (default 1337, llm.c's sampler seed)\n"
