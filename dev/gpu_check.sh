@@ -4,6 +4,8 @@
 #
 #   bash dev/gpu_check.sh <logdir> [--out <dir>] [--only "<stages>"] [--host-memory-gib <GiB>]
 #   bash dev/gpu_check.sh --plan     the stages with their time limits, and what must travel
+#   bash dev/gpu_check.sh --ready    the same, and it fails unless everything that must travel
+#                                    is there and build/gpu_refs was packed from this tree
 #
 # The stages run in this order, each cut short at its time limit (every command in it gets
 # at most what is left of it), so a run takes at most the sum of the limits. What only a GPU
@@ -102,16 +104,17 @@ stage_limit() { awk -v s="$1" '$1 == s { print $2 }' <<<"$STAGE_TABLE"; }
 is_extra() { [[ " $EXTRA_STAGES " == *" $1 "* ]]; }
 ALL_STAGES=$(stage_names | tr '\n' ' ')
 usage() {
-    echo "usage: $0 <logdir> [--out <dir>] [--only \"<stages>\"] [--host-memory-gib <GiB>]   or   $0 --plan" >&2
+    echo "usage: $0 <logdir> [--out <dir>] [--only \"<stages>\"] [--host-memory-gib <GiB>]   or   $0 --plan|--ready" >&2
     echo "  stages: $ALL_STAGES" >&2
     exit 2
 }
 
 # --plan: every stage with its limit and the time by which it has ended at the latest, then
 # the size of what travels; exit status 1 if the limits break PLAN_TOTAL_S or PLAN_BENCH_S,
-# or what travels is over CARRY_MAX_MIB
+# or what travels is over CARRY_MAX_MIB. --ready (plan ready): also if a carry path is
+# missing, or build/gpu_refs/COMMIT is not this tree's (the summary names that commit)
 plan() {
-    local t=0 bench_end=0 bad=0 name limit what
+    local t=0 bench_end=0 bad=0 name limit what ready=${1:-}
     echo "gpu_check.sh --plan: the stages in the order they run, each cut short at its limit"
     printf '  %-10s %6s %9s  %s\n' stage limit "ends by" what
     while read -r name limit what; do
@@ -141,19 +144,31 @@ plan() {
             line="$line, $p $(mib "$bytes")"
         else
             line="$line, $p MISSING (docs/results/README.md: the preparation)"
+            [ -z "$ready" ] || bad=1
         fi
     done
     echo "  travels (carry: $CARRY): $line; $(mib "$total") of $CARRY_MAX_MIB MiB"
     [ "$total" -le $(( CARRY_MAX_MIB << 20 )) ] || { echo "gpu_check.sh --plan: FAIL: more than $CARRY_MAX_MIB MiB would travel"; bad=1; }
+    [ -z "$ready" ] || ready_commit || bad=1
+    [ -z "$ready" ] || [ $bad -ne 0 ] || echo "gpu_check.sh --ready: ready to travel"
     return $bad
+}
+# build/gpu_refs/COMMIT (make gpu_refs) against the tree as it is now
+ready_commit() {
+    local packed now
+    packed=$(cat build/gpu_refs/COMMIT 2>/dev/null) || { echo "gpu_check.sh --ready: FAIL: no build/gpu_refs (hint: make gpu_refs)"; return 1; }
+    now=$(git describe --always --dirty --abbrev=7 2>/dev/null) || now="unknown (no git)"
+    [ "$packed" = "$now" ] && [[ "$now" != *-dirty ]] && return 0
+    echo "gpu_check.sh --ready: FAIL: build/gpu_refs was packed from $packed, the tree is $now (hint: commit, then make gpu_refs)"
+    return 1
 }
 mib() { awk -v b="$1" 'BEGIN { printf "%.1f MiB", b / 1048576 }'; }
 
 [ $# -ge 1 ] || usage
-if [ "$1" = --plan ]; then
+if [ "$1" = --plan ] || [ "$1" = --ready ]; then
     [ $# -eq 1 ] || usage
     cd "$(dirname "$0")/.." || exit 2
-    plan
+    plan "${1#--plan}"
     exit $?
 fi
 PACK_DIR=""
@@ -404,20 +419,18 @@ torch_python() {
 # build: everything at once (and meanwhile, the vocab case)
 
 begin_stage build
+build_started=$(date +%s)
 vocab_pid=""
-vocab_note=""
 if [ -f "$REFS/vocab/train.bin" ] && [ ! -f "$REFS/vocab/case.txt" ] && in_only tests; then
-    if vocab_py=$(torch_python); then
-        # no limit of its own: the tests stage waits for it, within its own time
-        PYTHON=$vocab_py bash dev/test/make_refs.sh "$REFS" --only vocab >"$LOGDIR/make_vocab_case.log" 2>&1 &
-        vocab_pid=$!
-    else
-        vocab_note="no python with torch+numpy here to make it"
-    fi
+    # beside the builds, from the search for a python with torch on (importing torch takes
+    # seconds); no limit of its own: the tests stage waits for it, within its own time.
+    # Exit status 3: no such python.
+    (vocab_py=$(torch_python) || exit 3
+     PYTHON=$vocab_py exec bash dev/test/make_refs.sh "$REFS" --only vocab) >"$LOGDIR/make_vocab_case.log" 2>&1 &
+    vocab_pid=$!
 fi
 
 BUILD_ABS=$(cd "$BUILD" && pwd)
-build_started=$(date +%s)
 # the CPU side of ZenFlow (cpu_adam.cpp: AdamW and the updater thread), as the Makefile builds it
 run_logged "$LOGDIR/build_cpu_adam.log" 60 \
     "$CXX" -O3 -march=native -std=c++17 -fopenmp -ffp-contract=off -Wall -c cpu_adam.cpp -o "$BUILD/cpu_adam.o"
@@ -529,10 +542,12 @@ if [ -n "$vocab_pid" ]; then
         wait "$vocab_pid"
         rc=$?
     fi
-    record "test refs vocab" "$(status_word $rc)" \
-        "made here: $(head -1 "$REFS/vocab/losses.txt" 2>/dev/null | grep -o 'torch=[^ ]*') $(timeout_note $rc)"
-elif [ -n "$vocab_note" ]; then
-    record "test refs vocab" SKIPPED "$vocab_note"
+    if [ $rc -eq 3 ]; then
+        record "test refs vocab" SKIPPED "no python with torch+numpy here to make it"
+    else
+        record "test refs vocab" "$(status_word $rc)" \
+            "made here: $(head -1 "$REFS/vocab/losses.txt" 2>/dev/null | grep -o 'torch=[^ ]*') $(timeout_note $rc)"
+    fi
 fi
 
 find_cases() {

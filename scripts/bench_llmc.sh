@@ -106,6 +106,25 @@ median_ms() {
         | awk '{ v[NR] = $1 } END { if (NR == 0) print "nan"; else printf "%.3f\n", NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
 }
 
+# the table of what has run so far: written after each B, so that a run cut short keeps it
+DEVICE=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+BASELINE="llm.c's train_gpt2_fp32.cu at $(cut -c1-7 build/llmc_ref/COMMIT 2>/dev/null)"
+[ "$LLMC_BIN" = "$OUT/train_gpt2fp32cu" ] || BASELINE="$LLMC_BIN"
+write_table() {
+    {
+        echo "### train_gpt2cu vs $BASELINE, ${DEVICE:-no GPU}"
+        echo
+        echo "$MODEL, T=$T, TF32, the same model file and data; ms/step = median of steps >= 3"
+        echo
+        echo "| B | train_gpt2cu ms/step | tok/s | llm.c fp32 ms/step | tok/s | ours / llm.c (target <= 1.00) | val loss at step 0: ours, llm.c |"
+        echo "| --- | --- | --- | --- | --- | --- | --- |"
+        awk -v T="$T" '
+            $2 == "FAILED" { printf "| %s | FAILED: %s | | | | | |\n", $1, $3; next }
+            { printf "| %s | %.1f | %.0f | %.1f | %.0f | %.3f | %s, %s |\n", $1, $2, $1 * T / ($2 / 1e3), $3, $1 * T / ($3 / 1e3), $2 / $3, $4, $5 }
+        ' "$RESULTS"
+    } >"$OUT/bench_llmc.md"
+}
+
 RESULTS="$OUT/results.txt"
 : >"$RESULTS"
 for B in $BATCHES; do
@@ -121,6 +140,7 @@ for B in $BATCHES; do
     rc_llmc=$?
     if [ $rc_ours -ne 0 ] || [ $rc_llmc -ne 0 ]; then
         echo "$B FAILED train_gpt2cu-exit-$rc_ours,llm.c-exit-$rc_llmc" >>"$RESULTS"
+        write_table
         continue
     fi
     # ours:  step 3/20 | loss 10.9 | 45.1 ms | ...       llm.c:  step    3/74: train loss 10.9 (45.1 ms, 90000 tok/s)
@@ -130,25 +150,12 @@ for B in $BATCHES; do
     val_llmc=$(sed -n 's/^val loss \([0-9.]*\).*/\1/p' "$llmc" | head -1)
     if [ "$ms_ours" = nan ] || [ "$ms_llmc" = nan ]; then
         echo "$B FAILED no-step-times-in-the-logs" >>"$RESULTS"
+        write_table
         continue
     fi
     echo "$B $ms_ours $ms_llmc ${val_ours:-nan} ${val_llmc:-nan}" >>"$RESULTS"
+    write_table
 done
 
-DEVICE=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
-BASELINE="llm.c's train_gpt2_fp32.cu at $(cut -c1-7 build/llmc_ref/COMMIT 2>/dev/null)"
-[ "$LLMC_BIN" = "$OUT/train_gpt2fp32cu" ] || BASELINE="$LLMC_BIN"
-{
-    echo "### train_gpt2cu vs $BASELINE, ${DEVICE:-no GPU}"
-    echo
-    echo "$MODEL, T=$T, TF32, the same model file and data; ms/step = median of steps >= 3"
-    echo
-    echo "| B | train_gpt2cu ms/step | tok/s | llm.c fp32 ms/step | tok/s | ours / llm.c (target <= 1.00) | val loss at step 0: ours, llm.c |"
-    echo "| --- | --- | --- | --- | --- | --- | --- |"
-    awk -v T="$T" '
-        $2 == "FAILED" { printf "| %s | FAILED: %s | | | | | |\n", $1, $3; next }
-        { printf "| %s | %.1f | %.0f | %.1f | %.0f | %.3f | %s, %s |\n", $1, $2, $1 * T / ($2 / 1e3), $3, $1 * T / ($3 / 1e3), $2 / $3, $4, $5 }
-    ' "$RESULTS"
-} >"$OUT/bench_llmc.md"
 cat "$OUT/bench_llmc.md"
 ! grep -q " FAILED " "$RESULTS"
