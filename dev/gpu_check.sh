@@ -111,10 +111,11 @@ usage() {
 
 # --plan: every stage with its limit and the time by which it has ended at the latest, then
 # the size of what travels; exit status 1 if the limits break PLAN_TOTAL_S or PLAN_BENCH_S,
-# or what travels is over CARRY_MAX_MIB. --ready (plan ready): also if a carry path is
+# or what travels is over CARRY_MAX_MIB. --ready (plan --ready): also if a carry path is
 # missing, or build/gpu_refs/COMMIT is not this tree's (the summary names that commit)
 plan() {
-    local t=0 bench_end=0 bad=0 name limit what ready=${1:-}
+    local t=0 bench_end=0 bad=0 name limit what ready=0
+    [ "$1" = --ready ] && ready=1
     echo "gpu_check.sh --plan: the stages in the order they run, each cut short at its limit"
     printf '  %-10s %6s %9s  %s\n' stage limit "ends by" what
     while read -r name limit what; do
@@ -144,13 +145,15 @@ plan() {
             line="$line, $p $(mib "$bytes")"
         else
             line="$line, $p MISSING (docs/results/README.md: the preparation)"
-            [ -z "$ready" ] || bad=1
+            [ $ready = 0 ] || bad=1
         fi
     done
     echo "  travels (carry: $CARRY): $line; $(mib "$total") of $CARRY_MAX_MIB MiB"
     [ "$total" -le $(( CARRY_MAX_MIB << 20 )) ] || { echo "gpu_check.sh --plan: FAIL: more than $CARRY_MAX_MIB MiB would travel"; bad=1; }
-    [ -z "$ready" ] || ready_commit || bad=1
-    [ -z "$ready" ] || [ $bad -ne 0 ] || echo "gpu_check.sh --ready: ready to travel"
+    if [ $ready = 1 ]; then
+        ready_commit || bad=1
+        [ $bad -ne 0 ] || echo "gpu_check.sh --ready: ready to travel"
+    fi
     return $bad
 }
 # build/gpu_refs/COMMIT (make gpu_refs) against the tree as it is now
@@ -168,7 +171,7 @@ mib() { awk -v b="$1" 'BEGIN { printf "%.1f MiB", b / 1048576 }'; }
 if [ "$1" = --plan ] || [ "$1" = --ready ]; then
     [ $# -eq 1 ] || usage
     cd "$(dirname "$0")/.." || exit 2
-    plan "${1#--plan}"
+    plan "$1"
     exit $?
 fi
 PACK_DIR=""

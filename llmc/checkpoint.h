@@ -73,8 +73,7 @@ typedef struct {
     int lock_fd;
     int argc;
     char** argv;
-    int mode;  // -y
-    const TrainArgs* args;  // what the run is told, which a resume checks (run_dir_check_resume)
+    const TrainArgs* args;  // what the run is told: -y (resume), and what a resume checks
     uint64_t run_id;
     char settings[4096];
     std::vector<int> steps;  // the steps with a checkpoint file (-y 1), newest first
@@ -374,7 +373,8 @@ static inline int stop_requested(void) { return g_stop_signal != 0; }
 
 // the checks of a resume against what it is told: the model's shape and -x (the state file's
 // reader checks -b and -t)
-static inline void run_dir_check_resume(const RunDir* run, const TrainArgs* args) {
+static inline void run_dir_check_resume(const RunDir* run) {
+    const TrainArgs* args = run->args;
     const Manifest* m = &run->chosen;
     const GPT2Config* c = &m->config;
     if (args->given['e']) {
@@ -432,7 +432,6 @@ static inline const char* run_dir_begin(RunDir* run, const TrainArgs* args, int 
     run->lock_fd = -1;
     run->argc = argc;
     run->argv = argv;
-    run->mode = args->resume;
     run->args = args;
     run->chosen.step = -1;
     run->skipped[0] = '\0';
@@ -441,7 +440,7 @@ static inline const char* run_dir_begin(RunDir* run, const TrainArgs* args, int 
     catch_stop_signals();  // from here on a signal is honoured at the first step boundary
     if (run->dir == NULL) { return args->model_spec; }
     run_dir_lock(run, 0);
-    if (run->mode != RESUME_CONTINUE) { return args->model_spec; }
+    if (args->resume != RESUME_CONTINUE) { return args->model_spec; }
     run->steps = ckpt_list(run->dir, 0, NULL);
     run->next = 0;
     if (!run_dir_next_candidate(run)) {
@@ -472,12 +471,12 @@ static inline void run_dir_open(RunDir* run) {
     run_dir_lock(run, 1);
     std::vector<std::string> names, tmps;
     std::vector<int> steps = ckpt_list(run->dir, 0, &names);
-    if (run->mode == RESUME_CONTINUE && steps != run->steps) {  // a run came and went since run_dir_begin
+    if (run->args->resume == RESUME_CONTINUE && steps != run->steps) {  // a run came and went since run_dir_begin
         fatal("-o %s: its checkpoints changed while this run started (another run wrote there) (hint: run the "
                 "same command again)", run->dir);
     }
     int logged = log_last_step(run->dir);
-    if (run->mode == 0 && (!steps.empty() || logged >= 0)) {
+    if (run->args->resume == 0 && (!steps.empty() || logged >= 0)) {
         char what[256] = "";
         if (logged >= 0) { snprintf(what, sizeof(what), "main.log up to step %d", logged); }
         if (!steps.empty()) {
@@ -492,7 +491,7 @@ static inline void run_dir_open(RunDir* run) {
     ckpt_list(run->dir, 1, &tmps);
     for (const std::string& name : tmps) { run_dir_remove(run->dir, name.c_str(), &removed); }
     if (!removed.empty()) { printf("removed the temporary files of a write that did not finish: %s\n", removed.c_str()); }
-    if (run->mode == RESUME_REPLACE && (!steps.empty() || logged >= 0)) {
+    if (run->args->resume == RESUME_REPLACE && (!steps.empty() || logged >= 0)) {
         removed.clear();
         if (logged >= 0) { run_dir_remove(run->dir, "main.log", &removed); }
         for (const std::string& name : names) { run_dir_remove(run->dir, name.c_str(), &removed); }
@@ -637,7 +636,7 @@ static inline int run_dir_resume(RunDir* run, OptimizerState opt, DataLoader* lo
     gpt2_model_read.expect_path[0] = '\0';
     if (run->skipped[0] != '\0') { printf("skipped newer checkpoints: %s\n", run->skipped); }
     if (run->chosen.step >= 0) {
-        run_dir_check_resume(run, run->args);  // against the one it continues, not a damaged newer one
+        run_dir_check_resume(run);  // against the one it continues, not a damaged newer one
         run->run_id = run->chosen.run_id;  // the run goes on
         std::string changed = run_dir_changed_settings(run->settings, run->chosen.settings);
         if (!changed.empty()) { printf("resuming with changed settings: %s\n", changed.c_str()); }

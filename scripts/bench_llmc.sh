@@ -125,12 +125,12 @@ write_table() {
     } >"$OUT/bench_llmc.md"
 }
 
-RESULTS="$OUT/results.txt"
-: >"$RESULTS"
-for B in $BATCHES; do
-    ours="$OUT/logs/train_gpt2cu_B$B.log"
-    llmc="$OUT/logs/llmc_fp32_B$B.log"
-    echo "run B=$B: train_gpt2cu, then llm.c"
+# runs both trainers at batch size $1 and prints its line of results.txt: "B ms_ours ms_llmc
+# val_ours val_llmc", or "B FAILED why"
+measure() {
+    local B=$1 ours="$OUT/logs/train_gpt2cu_B$1.log" llmc="$OUT/logs/llmc_fp32_B$1.log"
+    local rc_ours rc_llmc ms_ours ms_llmc val_ours val_llmc
+    echo "run B=$B: train_gpt2cu, then llm.c" >&2
     timeout --kill-after=10 300 "$BIN" -e "$OUT/$MODEL.bin" -i "$TRAIN" -j "$VAL" -b "$B" -t "$T" -x $STEPS \
         -v 1000000 -m 1 -s 0 -zo adamw >"$ours" 2>&1
     rc_ours=$?
@@ -139,9 +139,8 @@ for B in $BATCHES; do
         -v 1000000 -m 1 -s 1000000 -g 2) >"$llmc" 2>&1
     rc_llmc=$?
     if [ $rc_ours -ne 0 ] || [ $rc_llmc -ne 0 ]; then
-        echo "$B FAILED train_gpt2cu-exit-$rc_ours,llm.c-exit-$rc_llmc" >>"$RESULTS"
-        write_table
-        continue
+        echo "$B FAILED train_gpt2cu-exit-$rc_ours,llm.c-exit-$rc_llmc"
+        return
     fi
     # ours:  step 3/20 | loss 10.9 | 45.1 ms | ...       llm.c:  step    3/74: train loss 10.9 (45.1 ms, 90000 tok/s)
     ms_ours=$(sed -n 's/^step \([0-9]*\)\/[0-9]* | loss [^|]*| \([0-9.]*\) ms .*/\1 \2/p' "$ours" | median_ms)
@@ -149,11 +148,16 @@ for B in $BATCHES; do
     val_ours=$(sed -n 's/^step 0\/[0-9]* | val loss \([0-9.]*\).*/\1/p' "$ours" | head -1)
     val_llmc=$(sed -n 's/^val loss \([0-9.]*\).*/\1/p' "$llmc" | head -1)
     if [ "$ms_ours" = nan ] || [ "$ms_llmc" = nan ]; then
-        echo "$B FAILED no-step-times-in-the-logs" >>"$RESULTS"
-        write_table
-        continue
+        echo "$B FAILED no-step-times-in-the-logs"
+        return
     fi
-    echo "$B $ms_ours $ms_llmc ${val_ours:-nan} ${val_llmc:-nan}" >>"$RESULTS"
+    echo "$B $ms_ours $ms_llmc ${val_ours:-nan} ${val_llmc:-nan}"
+}
+
+RESULTS="$OUT/results.txt"
+: >"$RESULTS"
+for B in $BATCHES; do
+    measure "$B" >>"$RESULTS"
     write_table
 done
 

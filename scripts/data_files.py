@@ -128,18 +128,14 @@ def local_input(name, data_dir=None):
 def input_path(name, data_dir=None):
     """Path of input `name` (a key of INPUTS), located as described above and sha256-checked."""
     url, expected = INPUTS[name]
-    if data_dir is not None:
-        path = Path(data_dir) / name
-        if not path.is_file():
-            raise InputError(path, "missing input file",
-                             f"--data-dir must hold {', '.join(INPUTS)}; leave --data-dir "
-                             f"out to use the defaults")
-        fresh = None
-    elif mirror_dir() is not None and (mirror_dir() / name).is_file():
-        path, fresh = mirror_dir() / name, None
-    else:
+    path, fresh = local_input(name, data_dir), None
+    if path is None and data_dir is not None:
+        raise InputError(Path(data_dir) / name, "missing input file",
+                         f"--data-dir must hold {', '.join(INPUTS)}; leave --data-dir "
+                         f"out to use the defaults")
+    if path is None:
         path = DOWNLOAD_DIR / name
-        fresh = None if path.is_file() else _download(url, path)
+        fresh = _download(url, path)
 
     actual = sha256_of(fresh or path)
     if actual != expected:
