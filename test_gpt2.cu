@@ -44,8 +44,6 @@ static double relative_error(const float* ours, const float* ref, size_t n) {
     return max_ref > 0.0 ? max_abs / max_ref : max_abs;
 }
 
-// zf_train_step's backward: this trainer's gpt2_backward takes B and T from the forward
-static void backward(GPT2* model, int, int) { gpt2_backward(model); }
 
 typedef struct {
     std::vector<float> losses;
@@ -203,7 +201,7 @@ static ZfRun zf_run(const char* dir, const ZfCase* c, ZfConfig z, int steps, con
             zf_load_state(&zf, fp, "checkpoint test");
             fclose(fp);
         }
-        out.losses.push_back(zf_train_step(&model, &loader, &zf, t, case_hyper(&c->s), backward));
+        out.losses.push_back(zf_train_step(&model, &loader, &zf, t, case_hyper(&c->s)));
     }
     zf_drain(&zf);
     out.groups_out = zf.stats.groups_out;

@@ -61,7 +61,8 @@ void encoder_forward(float* out,                          // (B, T, C)
 // sum deterministic
 void encoder_backward(float* dwte, float* dwpe,  // (Vp, C), (maxT, C)
                       const float* dout,         // (B, T, C)
-                      const int* inp, int B, int T, int C) {
+                      const int* inp,            // (B, T)
+                      int B, int T, int C) {
     for (int b = 0; b < B; b++) {
         for (int t = 0; t < T; t++) {
             const float* d = dout + ((size_t)b * T + t) * C;
@@ -78,7 +79,8 @@ void encoder_backward(float* dwte, float* dwpe,  // (Vp, C), (maxT, C)
 // normalizes each (b,t) row over C, then scales and shifts; keeps mean and 1/std for backward
 void layernorm_forward(float* out, float* mean, float* rstd,  // (B,T,C), (B,T), (B,T)
                        const float* inp,                      // (B, T, C)
-                       const float* weight, const float* bias, int B, int T, int C) {
+                       const float* weight, const float* bias,  // (C), (C)
+                       int B, int T, int C) {
     const float eps = 1e-5f;
 #pragma omp parallel for
     for (int bt = 0; bt < B * T; bt++) {
@@ -340,7 +342,7 @@ void attention_forward(float* out, float* preatt, float* att,  // (B,T,C), (B,NH
 
 // one thread per (b, h): dk and dv of a head collect from every t, so a head is never split
 void attention_backward(float* dqkv, float* dpreatt, float* datt,  // (B,T,3C), (B,NH,T,T) x2
-                        const float* dout, const float* qkv, const float* att,
+                        const float* dout, const float* qkv, const float* att,  // (B,T,C), (B,T,3C), (B,NH,T,T)
                         int B, int T, int C, int NH) {
     const int C3 = 3 * C, hs = C / NH;
     const float scale = 1.0f / sqrtf((float)hs);
@@ -526,6 +528,7 @@ typedef struct {
     float* grads_acts_memory;
     size_t num_activations;
     int batch_size, seq_len;  // what the activations were allocated for
+    int B, T;                 // of the last forward
     int* inputs;              // (B, T) of the last forward
     int* targets;             // (B, T) of the last forward
     float mean_loss;          // of the last forward with targets, else -1
@@ -580,6 +583,8 @@ void gpt2_forward(GPT2* model, const int* inputs, const int* targets, int B, int
     size_t sizes[NUM_ACTIVATION_TENSORS];
     activation_sizes(sizes, cfg, B, T);
     point_activations(&model->acts, sizes, model->acts_memory);
+    model->B = B;
+    model->T = T;
     memcpy(model->inputs, inputs, (size_t)B * T * sizeof(int));
     if (targets != NULL) { memcpy(model->targets, targets, (size_t)B * T * sizeof(int)); }
 
@@ -637,9 +642,10 @@ void gpt2_zero_grad(GPT2* model) {
 
 // backward pass of the last forward (which must have had targets); ADDS into the gradients,
 // so call gpt2_zero_grad first unless accumulating
-void gpt2_backward(GPT2* model, int B, int T) {
+void gpt2_backward(GPT2* model) {
     if (model->mean_loss < 0.0f) { fatal("gpt2_backward: the forward pass had no targets"); }
     const GPT2Config* cfg = &model->config;
+    const int B = model->B, T = model->T;
     const int L = cfg->num_layers, C = cfg->channels, NH = cfg->num_heads;
     const int V = cfg->vocab_size, Vp = cfg->padded_vocab_size;
     size_t sizes[NUM_ACTIVATION_TENSORS];
@@ -1109,7 +1115,7 @@ int main(int argc, char* argv[]) {
         double t1 = now_ms();
         trace_event(TRACE_COMPUTE, "forward", t0, t1);
         zf_before_backward(&zf, step);  // zero the gradients (with -za gpu: what the window does not accumulate)
-        gpt2_backward(&model, B, T);
+        gpt2_backward(&model);
         trace_event(TRACE_COMPUTE, "backward", t1, now_ms());
         if (scores_file != NULL) { scores_write(scores_file, &zf, step); }
         zf_step(&zf, step, hyper);

@@ -284,7 +284,7 @@ static Run run(const char* dir, const ZfCase* c, ZfConfig z, int kind, const cha
             zf_load_state(&zf, fp, "checkpoint test");
             fclose(fp);
         }
-        out.losses.push_back(zf_train_step(&model, &loader, &zf, t, case_hyper(&c->s), gpt2_backward));
+        out.losses.push_back(zf_train_step(&model, &loader, &zf, t, case_hyper(&c->s)));
         g_steps_done.store(t + 1);
     }
     zf_drain(&zf);

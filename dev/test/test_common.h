@@ -192,15 +192,12 @@ static inline ZfConfig zf_mode_config(ZfMode mode) {
 // the case's AdamW settings (betas and eps as the reference's and the trainers' defaults)
 static inline ZfAdamHyper case_hyper(const CaseSettings* s) { return ZfAdamHyper{s->lr, 0.9f, 0.95f, 1e-8f, s->wd}; }
 
-// step t of a ZenFlow run, in the order of the trainers' main loops; returns its loss.
-// `backward` calls the trainer's gpt2_backward (the CPU trainer's takes B and T, the CUDA
-// trainer's not)
-static inline float zf_train_step(GPT2* model, DataLoader* loader, ZenFlow* zf, int t, ZfAdamHyper h,
-                                  void (*backward)(GPT2*, int, int)) {
+// step t of a ZenFlow run, in the order of the trainers' main loops; returns its loss
+static inline float zf_train_step(GPT2* model, DataLoader* loader, ZenFlow* zf, int t, ZfAdamHyper h) {
     dataloader_next_batch(loader);
     gpt2_forward(model, loader->inputs, loader->targets, loader->B, loader->T);
     zf_before_backward(zf, t);
-    backward(model, loader->B, loader->T);
+    gpt2_backward(model);
     zf_step(zf, t, h);
     return model->mean_loss;
 }

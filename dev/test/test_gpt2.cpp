@@ -55,7 +55,7 @@ static void test_case(const char* dir) {
     }
     compare_tensor("logits", logits, st.logits, (size_t)B * T * V, 1e-5);
     gpt2_zero_grad(&model);
-    gpt2_backward(&model, B, T);
+    gpt2_backward(&model);
     check_debug_batch(&st, c, model.mean_loss, model.grads_memory);
     free(logits);
     gpt2_free_debug_state(&st);
@@ -70,7 +70,7 @@ static void test_case(const char* dir) {
         dataloader_next_batch(&loader);
         gpt2_forward(&model, loader.inputs, loader.targets, s.B, s.T);
         gpt2_zero_grad(&model);
-        gpt2_backward(&model, s.B, s.T);
+        gpt2_backward(&model);
         zf_step(&zf, t, case_hyper(&s));
         losses.push_back(model.mean_loss);
     }
@@ -289,7 +289,7 @@ static void test_thread_independence(const char* dir) {
         omp_set_num_threads(threads);
         gpt2_forward(&model, st.inputs, st.targets, st.B, st.T);
         gpt2_zero_grad(&model);
-        gpt2_backward(&model, st.B, st.T);
+        gpt2_backward(&model);
         if (threads == 1) {
             memcpy(first, model.grads_memory, model.num_parameters * sizeof(float));
             loss1 = model.mean_loss;

@@ -51,7 +51,7 @@ static std::vector<float> run(const char* dir, const ZfCase* c, ZfConfig z, cons
     model.zf = &zf;
     std::vector<float> losses;
     for (int t = 0; t < c->s.steps; t++) {
-        losses.push_back(zf_train_step(&model, &loader, &zf, t, case_hyper(&c->s), gpt2_backward));
+        losses.push_back(zf_train_step(&model, &loader, &zf, t, case_hyper(&c->s)));
     }
     zf_drain(&zf);
     zf_cpu_free(&zf, &device);
@@ -178,7 +178,7 @@ static void test_stall_intervals(const char* dir) {
             idle_again = g_stalls_begun;
         }
         g_stalls_begun = 0;
-        zf_train_step(&model, &loader, &zf, t, case_hyper(&c.s), gpt2_backward);
+        zf_train_step(&model, &loader, &zf, t, case_hyper(&c.s));
         if (t == 5) { after_idle = g_stalls_begun; }
         if (t == 8) { at_selection = g_stalls_begun; }
     }
