@@ -249,7 +249,8 @@ static inline void read_checkpoint_state(FILE* fp, const char* path, int step, O
     if (header[0] != STATE_MAGIC || header[1] != STATE_VERSION) {
         fatal("%s: not a training state file (magic %d version %d)", path, header[0], header[1]);
     }
-    if (header[2] != step || header[3] != loader->B || header[4] != loader->T) {
+    if (header[2] != step) { fatal("%s: holds the state of step %d, not %d (corrupt file?)", path, header[2], step); }
+    if (header[3] != loader->B || header[4] != loader->T) {
         fatal("%s: written with B=%d T=%d, this run has B=%d T=%d (hint: resume with the same "
                 "-b and -t)", path, header[3], header[4], loader->B, loader->T);
     }
@@ -261,7 +262,8 @@ static inline void read_checkpoint_state(FILE* fp, const char* path, int step, O
                 header[5], loader->glob_result.gl_pathc);
     }
     dataloader_load_shard(loader, (size_t)header[5]);
-    if (words[0] + (size_t)loader->B * loader->T + 1 > loader->num_tokens) {
+    // (a subtraction: words[0] + B*T + 1 could wrap around; the shard holds at least B*T + 1)
+    if (words[0] > loader->num_tokens - ((size_t)loader->B * loader->T + 1)) {
         fatal("%s: data position %llu is past the shard's end", path, (unsigned long long)words[0]);
     }
     loader->position = (size_t)words[0];

@@ -362,13 +362,13 @@ static inline GPT2DebugState gpt2_read_debug_state(const char* path, const GPT2C
     if (s.B < 1 || s.T < 1 || s.T > c->max_seq_len) {
         fatal("%s: bad batch shape B=%d T=%d for maxT=%d", path, s.B, s.T, c->max_seq_len);
     }
+    // the size: the header, B*T rows of (input, target, V logits), the loss, the gradients. A
+    // division, not B * T * V: B comes from the file and the product could overflow.
     size_t BT = (size_t)s.B * s.T, n = gpt2_num_params(c);
-    long long expected = 1024 + (long long)BT * 8 + (long long)BT * c->vocab_size * 4 + 4 +
-                         (long long)n * 4;
-    if (file_size_bytes(path) != expected) {
-        fatal("%s: size %lld bytes, expected %lld for B=%d T=%d and this model (hint: was it "
-                "written for another model?)",
-                path, file_size_bytes(path), expected, s.B, s.T);
+    long long rows_bytes = file_size_bytes(path) - 1024 - 4 - (long long)n * 4, row_bytes = 8 + 4LL * c->vocab_size;
+    if (rows_bytes < 0 || rows_bytes % row_bytes != 0 || (size_t)(rows_bytes / row_bytes) != BT) {
+        fatal("%s: size %lld bytes, not what B=%d T=%d and this model need (hint: was it written for "
+                "another model?)", path, file_size_bytes(path), s.B, s.T);
     }
     s.inputs = (int*)mallocCheck(BT * sizeof(int));
     s.targets = (int*)mallocCheck(BT * sizeof(int));

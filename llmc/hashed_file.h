@@ -132,6 +132,7 @@ static inline HashedFile* hashed_open(const char* path, size_t buffer = HASHED_P
     if (fd < 0) {
         fatal("%s: cannot open for reading: %s (hint: check the path)", path, strerror(errno));
     }
+    check_not_directory(fd, path);
     posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);  // a larger read-ahead: the reads come in pieces
     return hashed_new(fd, "rb", path, buffer);
 }

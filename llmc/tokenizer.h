@@ -35,6 +35,7 @@ static inline void tokenizer_init(Tokenizer* tok, const char* path) {
                "`make data`)\n", path);
         return;
     }
+    check_not_directory(fileno(fp), path);
     int header[256];
     freadCheck(header, sizeof(int), 256, fp, path);
     check_magic(path, header[0], TOKENIZER_MAGIC, "not a tokenizer file");

@@ -10,6 +10,7 @@ can name the caller's file and line when the problem is ours rather than the use
 
 #include <errno.h>
 #include <libgen.h>
+#include <limits.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -52,27 +53,43 @@ static const char* fatal_unlink = NULL;
     exit(EXIT_FAILURE);
 }
 
+// a folder opens for reading, and would read as an empty file: say what it is instead
+static inline void check_not_directory(int fd, const char* path) {
+    struct stat st;
+    if (fstat(fd, &st) == 0 && S_ISDIR(st.st_mode)) {
+        fatal("%s is a directory, not a file (hint: name a file in it; -i and -j also take a pattern "
+              "such as %s/*_train_*.bin)", path, path);
+    }
+}
+
 static inline FILE* fopen_check(const char* path, const char* mode, const char* file, int line) {
     FILE* fp = fopen(path, mode);
     if (fp == NULL) {
         fatal("%s: cannot open for %s: %s (hint: check the path; called from %s:%d)", path,
                 mode[0] == 'r' ? "reading" : "writing", strerror(errno), file, line);
     }
-    struct stat st;  // a folder opens for reading, and would read as an empty file
-    if (fstat(fileno(fp), &st) == 0 && S_ISDIR(st.st_mode)) {
-        fatal("%s is a directory, not a file (hint: name a file in it, or for token shards a pattern "
-              "such as %s/*_train_*.bin)", path, path);
-    }
+    check_not_directory(fileno(fp), path);
     return fp;
 }
 #define fopenCheck(path, mode) fopen_check(path, mode, __FILE__, __LINE__)
 
-// a and b name the same folder, trailing slashes aside
+// where a folder is or would be: its parent's real path, then its own name, so that "out",
+// "./out/" and the absolute path come out the same. The folder need not exist; its parent must
+// (else 0).
+static inline int folder_place(const char* path, char* out, size_t size) {
+    char dir[4096], name[4096], parent[PATH_MAX];
+    snprintf(dir, sizeof(dir), "%s", path);
+    snprintf(name, sizeof(name), "%s", path);
+    if (realpath(dirname(dir), parent) == NULL) { return 0; }
+    snprintf(out, size, "%s/%s", parent, basename(name));
+    return 1;
+}
+
+// a and b name the same folder
 static inline int same_folder(const char* a, const char* b) {
-    size_t na = strlen(a), nb = strlen(b);
-    while (na > 1 && a[na - 1] == '/') { na--; }
-    while (nb > 1 && b[nb - 1] == '/') { nb--; }
-    return na == nb && strncmp(a, b, na) == 0;
+    char place_a[PATH_MAX + 4096], place_b[PATH_MAX + 4096];
+    return folder_place(a, place_a, sizeof(place_a)) && folder_place(b, place_b, sizeof(place_b)) &&
+           strcmp(place_a, place_b) == 0;
 }
 
 // An output file that a flag names, checked at the start: it, or the folder it would be created

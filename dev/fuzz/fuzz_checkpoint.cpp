@@ -1,7 +1,8 @@
-// libFuzzer target: the training-state reader of a checkpoint (train_gpt2.cpp,
-// read_checkpoint_state -> zenflow.h zf_load_state), for a fixed tiny model in zenflow mode; and
-// the manifest reader (llmc/checkpoint.h, manifest_read), on the same bytes.
-// The seed corpus holds a real state file of that model (dev/fuzz/make_seeds.py).
+// libFuzzer target: the training-state reader of a checkpoint (llmc/checkpoint.h,
+// read_checkpoint_state -> zenflow.h zf_load_state), for a fixed tiny model in zenflow mode, then
+// one batch read at the data position it restored; and the manifest reader (manifest_read), on
+// the same bytes. The seed corpus holds a real state file of that model (written by
+// dev/fuzz/run_fuzzers.sh).
 #define TESTING
 #include "../../train_gpt2.cpp"
 #include "fuzz_common.h"
@@ -50,6 +51,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     uint64_t rng = 0, run_id = 0;
     if (setjmp(jump) == 0) {
         read_checkpoint_state(fp, path, 6, OptimizerState{&zf, zf_save_state, zf_load_state}, &loader, &rng, &run_id);
+        dataloader_next_batch(&loader);  // the data position it took must be readable
     } else {
         fuzz_close_fds_from(floor);
     }

@@ -121,6 +121,8 @@ def main():
             ("unknown model spec", ["-e", "d13"], "d13"),
             ("a model spec with maxT 0", ["-e", "d1c8h2t0"], "'t' must be 1 to 1048576"),
             ("a folder as -i", ["-i", tmp], "is a directory"),
+            ("a folder as -e", ["-e", outdir], "is a directory"),
+            ("a folder as -k", ["-k", outdir, "-s", "1"], "is a directory"),
             ("corrupt tokenizer", ["-k", os.path.join(tmp, "tokenizer_bad.bin")], "tokenizer_bad.bin"),
             ("version 1 tokenizer of 5 tokens", ["-k", os.path.join(tmp, "tokenizer_v1.bin")], "50257"),
             ("tokenizer version 3", ["-k", os.path.join(tmp, "tokenizer_v3.bin")], "version 3"),
@@ -192,6 +194,10 @@ def main():
 
         trains("shard of exactly B*T+1 tokens", write("s_least.bin", shard_bytes(np.arange(33) % V)), good_shard)
         trains("-v 0 and no val data (never read)", good_shard, os.path.join(tmp, "no_val_*.bin"))
+        # a file in the -o the run creates, the folder spelled another way
+        trains("-tr in a new -o named ./new_out", good_shard, good_shard, "-o", "./new_out", "-tr", "new_out/trace.json")
+        trains("-tr in a new -o named by its absolute path", good_shard, good_shard, "-o", os.path.join(tmp, "abs_out"),
+               "-tr", "abs_out/trace.json")
         # without reselections (no migration) the same memory is enough
         trains(f"{between} MiB of host memory, -zs 0", good_shard, good_shard, "-zs", "0",
                env={"ZF_HOST_MEMORY_MB": between})
