@@ -1124,7 +1124,7 @@ int main(int argc, char* argv[]) {
                B * T / (ms / 1e3));
         zf_print_step_stats(&zf);  // | cpu | moved | select | window, where they are new
         printf("\n");
-        if (run.log) { fprintf(run.log, "s:%d trl:%f\n", step + 1, model.mean_loss); fflush(run.log); }
+        if (run.log) { fprintf(run.log, "s:%d trl:%f\n", step, model.mean_loss); fflush(run.log); }  // llm.c: s = updates before it
     }
 
     if (run.log) { fcloseCheck(run.log, "main.log"); }

@@ -446,7 +446,8 @@ static void print_memory_table(const GPT2* model, const ZenFlow* zf) {
            zf->stats.host_need_mib, zf->stats.host_available_mib, zf->stats.host_source);
 }
 
-// After step s: the step line, main.log's trl: line, and -zm's CSV row
+// After step s: the step line, main.log's trl: line (s - 1, as llm.c numbers it: the updates the
+// model had), and -zm's CSV row
 static void report_step(int s, int steps, float loss, double ms, int tokens, const ZfStepStats* st, ZenFlow* zf,
                         FILE* logfile, FILE* metrics) {
     printf("step %d/%d | loss %f | %.1f ms | %.0f tok/s | stall %.1f ms | pcie %.1f MB", s, steps, loss, ms,
@@ -454,7 +455,7 @@ static void report_step(int s, int steps, float loss, double ms, int tokens, con
     zf_print_step_stats(zf);  // | cpu | moved | select | window, where they are new
     printf("\n");
     if (logfile) {
-        fprintf(logfile, "s:%d trl:%f\n", s, loss);
+        fprintf(logfile, "s:%d trl:%f\n", s - 1, loss);
         fflush(logfile);
     }
     if (metrics) {

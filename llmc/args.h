@@ -1,5 +1,6 @@
 /*
-The command line both trainers share: llm.c's flags (-i -j -e -o -b -t -x ...) and the
+The command line both trainers share: llm.c's flags where they mean what llm.c's mean (-i -j
+-e -o -b -t -x -l -v -m -s -g -n; -k, -r and -y mean other things here: docs/usage.md) and the
 timeline's -t<letter> flags. One parser, so the CPU and CUDA trainers can never drift apart;
 a flag that only one trainer implements is parsed here and refused by the other with one
 clear line (train_args_refuse). The -z<letter> flags belong to the optimizer: they are kept

@@ -319,14 +319,15 @@ static inline std::vector<int> ckpt_list(const char* dir, int tmp, std::vector<s
     return steps;
 }
 
-// the last step main.log names, -1 if none
+// the last step main.log names as the step line counts them (its train loss s:t is step t + 1's,
+// its val loss s:t comes after step t), -1 if none
 static inline int log_last_step(const char* dir) {
-    char path[4096], line[256];
+    char path[4096], line[256], kind[4];
     snprintf(path, sizeof(path), "%s/main.log", dir);
     FILE* fp = fopen(path, "r");
     int last = -1, step;
     while (fp != NULL && fgets(line, sizeof(line), fp) != NULL) {
-        if (sscanf(line, "s:%d ", &step) == 1) { last = step; }
+        if (sscanf(line, "s:%d %3s", &step, kind) == 2) { last = step + (strcmp(kind, "trl") == 0); }
     }
     if (fp != NULL) { fclose(fp); }
     return last;
@@ -504,7 +505,9 @@ static inline void run_dir_open(RunDir* run) {
     }
 }
 
-// main.log, cut back to the resumed step (keeping each step's lines once), or emptied for a new run
+// main.log, cut back to the resumed step (keeping each step's lines once), or emptied for a new run.
+// As llm.c's, its s: counts the updates before the loss: a checkpoint of step S keeps the train
+// losses s:0 to s:S-1, and s:S's val loss if it was evaluated before the checkpoint was written.
 static inline void run_dir_open_log(RunDir* run) {
     char path[4096];
     snprintf(path, sizeof(path), "%s/main.log", run->dir);
@@ -518,7 +521,7 @@ static inline void run_dir_open_log(RunDir* run) {
         while (fp != NULL && fgets(line, sizeof(line), fp) != NULL) {
             size_t n = strlen(line);
             cut = cut || n == 0 || line[n - 1] != '\n' || sscanf(line, "s:%d %3s", &step, kind) != 2 ||
-                  step > m->step || (step == m->step && !m->evaluated && strcmp(kind, "trl") != 0);
+                  step > m->step || (step == m->step && (!m->evaluated || strcmp(kind, "tel") != 0));
             if (cut) {
                 dropped++;
             } else {

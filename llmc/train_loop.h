@@ -87,8 +87,10 @@ static inline void train_evaluate(const RunDir* run, DataLoader* val, int n, int
 }
 
 // prints n tokens drawn after <|endoftext|> (at most maxT - 1), one coin each from *rng as
-// llm.c draws them; a signal stops it at the next token
+// llm.c draws them; a signal stops it at the next token (one before it starts: nothing is printed;
+// a resume draws the whole sample)
 static inline void train_sample(const Tokenizer* tok, const GPT2Config* c, int n, uint64_t* rng, TrainerModel m) {
+    if (stop_requested()) { return; }
     int eot = tok->init_ok ? tok->eot_token : c->vocab_size - 1;
     int len = n + 1 < c->max_seq_len ? n + 1 : c->max_seq_len;
     int* tokens = (int*)mallocCheck(len * sizeof(int));
@@ -121,7 +123,7 @@ static inline void between_steps(RunDir* run, const TrainArgs* a, int step, Trai
     if (fresh && train_due(a->val_every, step, last)) {
         train_evaluate(run, &d->val, a->val_batches, step, a->steps, m);
     }
-    if (fresh && step > 0 && train_due(a->sample_every, step, last)) {
+    if (fresh && (step > 0 || last) && train_due(a->sample_every, step, last)) {  // (as llm.c: -x 0 samples)
         train_sample(&d->tokenizer, c, a->gen_tokens, rng, m);
     }
     if (stop_requested()) {  // checkpoint, exit 128 + signal

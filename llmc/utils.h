@@ -192,11 +192,9 @@ static inline long parse_int(const char* flag, const char* text, long lo, long h
     char* end = NULL;
     errno = 0;
     long value = strtol(text, &end, 10);
-    if (errno != 0 || end == text || *end != '\0') {
-        fatal("flag %s: '%s' is not an integer", flag, text);
-    }
-    if (value < lo || value > hi) {
-        fatal("flag %s: %ld is out of range [%ld, %ld]", flag, value, lo, hi);
+    if (end == text || *end != '\0') { fatal("flag %s: '%s' is not an integer", flag, text); }
+    if (errno == ERANGE || value < lo || value > hi) {  // (ERANGE: beyond a long)
+        fatal("flag %s: %s is out of range [%ld, %ld]", flag, text, lo, hi);
     }
     return value;
 }
@@ -204,13 +202,9 @@ static inline long parse_int(const char* flag, const char* text, long lo, long h
 static inline double parse_double(const char* flag, const char* text, double lo, double hi) {
     char* end = NULL;
     errno = 0;
-    double value = strtod(text, &end);
-    if (errno != 0 || end == text || *end != '\0' || value != value) {
-        fatal("flag %s: '%s' is not a number", flag, text);
-    }
-    if (value < lo || value > hi) {
-        fatal("flag %s: %g is out of range [%g, %g]", flag, value, lo, hi);
-    }
+    double value = strtod(text, &end);  // (beyond a double: +-inf; below its smallest: the nearest)
+    if (end == text || *end != '\0' || value != value) { fatal("flag %s: '%s' is not a number", flag, text); }
+    if (value < lo || value > hi) { fatal("flag %s: %s is out of range [%g, %g]", flag, text, lo, hi); }
     return value;
 }
 

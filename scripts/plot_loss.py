@@ -3,9 +3,10 @@
 training loss of every step as a line, the val loss as points joined by a dashed line.
 
 Reads either the trainer's main.log (`-o DIR` writes `s:<step> trl:<loss>` and
-`s:<step> tel:<val loss>` lines, llm.c's format) or the trainer's printed output
-(`step 12/30 | loss 7.50 ...` and `step 20/30 | val loss 7.1`), e.g. the logs that
-scripts/accuracy.sh keeps in build/accuracy/<mode>.log.
+`s:<step> tel:<val loss>` lines, llm.c's format: s is the number of updates before the loss)
+or the trainer's printed output (`step 12/30 | loss 7.50 ...`, main.log's s:11, and
+`step 20/30 | val loss 7.1`), e.g. the logs that scripts/accuracy.sh keeps in
+build/accuracy/<mode>.log.
 
 Usage: /usr/bin/python3 scripts/plot_loss.py --log adamw=DIR1/main.log --log offload=DIR2/main.log
            --log zenflow=DIR3/main.log --out docs/images/loss.png [--smooth 10] [--title "..."]
@@ -37,7 +38,8 @@ def read_log(path):
                             (VAL_OUT, val)):
                 m = rx.match(line)
                 if m:
-                    dst.append((int(m.group(1)), float(m.group(2))))
+                    step = int(m.group(1)) - (rx is TRAIN_OUT)  # the step line counts from 1
+                    dst.append((step, float(m.group(2))))
                     break
     if not train and not val:
         raise ValueError("no loss lines (s:<step> trl:<loss>, or the trainer's step lines)")

@@ -134,7 +134,7 @@ if "-o" in a:
     os.makedirs(a["-o"], exist_ok=True)
     with open(os.path.join(a["-o"], "main.log"), "w") as f:
         for s in range(1, steps + 1):
-            f.write(f"s:{s} trl:{10 - s * 0.01:f}\n")
+            f.write(f"s:{s - 1} trl:{10 - s * 0.01:f}\n")
 if "-tr" in a:
     sys.path.insert(0, os.environ["TESTS"])
     import test_plots
@@ -336,21 +336,22 @@ def test_plot_loss(tmp):
         with open(p, "w") as f:
             f.write("s:0 tel:10.9\n")
             for s in range(1, 41):
-                f.write(f"s:{s} trl:{10 - 0.1 * s + 0.01 * i:f}\n")
+                f.write(f"s:{s - 1} trl:{10 - 0.1 * s + 0.01 * i:f}\n")
                 if s % 20 == 0:
                     f.write(f"s:{s} tel:{10.2 - 0.1 * s:f}\n")
         logs.append(f"{mode}={p}")
     train, val = pl.read_log(p)
     assert len(train) == 40 and [s for s, _ in val] == [0, 20, 40], val
     close(train[-1][1], 10 - 4.0 + 0.02, 1e-9)
-    # the trainer's printed output works too
+    # the trainer's printed output works too, its steps numbered as main.log's (the train loss of
+    # `step s/n` is main.log's s - 1)
     p2 = os.path.join(tmp, "stdout.log")
     with open(p2, "w") as f:
         f.write("step 0/2 | val loss 10.950000\nstep 1/2 | loss 10.9 | 2100.0 ms | 122 tok/s\n"
                 "step 2/2 | loss 10.5 | 2100.0 ms | 122 tok/s | cpu 0.0 ms | moved 3\n"
                 "step 2/2 | val loss 10.400000\n")
     train, val = pl.read_log(p2)
-    assert train == [(1, 10.9), (2, 10.5)] and val == [(0, 10.95), (2, 10.4)], (train, val)
+    assert train == [(0, 10.9), (1, 10.5)] and val == [(0, 10.95), (2, 10.4)], (train, val)
     out = os.path.join(tmp, "loss.png")
     run_script("plot_loss.py", *sum((["--log", l] for l in logs), []), "--out", out,
                "--smooth", "5")
@@ -360,7 +361,7 @@ def test_plot_loss(tmp):
     named = os.path.join(tmp, "lr=1e-3", "main.log")
     os.makedirs(os.path.dirname(named))
     with open(named, "w") as f:
-        f.write("s:1 trl:10.0\n")
+        f.write("s:0 trl:10.0\n")
     assert df.split_label(named, "d") == ("d", named), df.split_label(named, "d")
     assert df.split_label("runs/lr=1e-3/main.log", "d") == ("d", "runs/lr=1e-3/main.log")
     assert df.split_label("fast=runs/lr=1e-3/main.log", "d") == ("fast", "runs/lr=1e-3/main.log")
