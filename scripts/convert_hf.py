@@ -123,6 +123,8 @@ def read_config(folder):
                            f"next to the weights)")
     except (ValueError, UnicodeDecodeError) as e:
         raise ConvertError(f"{path}: not JSON ({e})")
+    if not isinstance(cfg, dict):
+        raise ConvertError(f"{path}: a JSON {type(cfg).__name__}, not an object (hint: is it a model's config.json?)")
     if cfg.get("model_type") != "gpt2":
         raise ConvertError(f"{path}: model_type {cfg.get('model_type')!r}, not 'gpt2' (hint: only GPT-2 "
                            f"checkpoints convert)")
@@ -132,6 +134,9 @@ def read_config(folder):
     except (KeyError, TypeError, ValueError) as e:
         raise ConvertError(f"{path}: no usable {e} (hint: a GPT-2 config has n_layer, n_embd, n_head, "
                            f"vocab_size, n_positions)")
+    if min(L, C, NH, V, maxT) < 1:
+        raise ConvertError(f"{path}: n_layer {L}, n_embd {C}, n_head {NH}, vocab_size {V}, n_positions {maxT}: "
+                           f"each must be at least 1")
     # the math our trainers compute (the header says why each matters)
     want = {"activation_function": "gelu_new", "layer_norm_epsilon": 1e-5, "scale_attn_weights": True,
             "scale_attn_by_inverse_layer_idx": False, "add_cross_attention": False,
@@ -157,8 +162,11 @@ def read_weights(folder):
         if not (folder / name).is_file():
             continue
         if name.endswith(".index.json"):
-            weight_map = json.loads((folder / name).read_text())["weight_map"]
-            files = sorted({folder / f for f in weight_map.values()})
+            try:
+                files = sorted({folder / f for f in json.loads((folder / name).read_text())["weight_map"].values()})
+            except (ValueError, UnicodeDecodeError, KeyError, TypeError, AttributeError) as e:
+                raise ConvertError(f"{folder / name}: not an index of weight files ({type(e).__name__}: {e}) "
+                                   f"(hint: its weight_map names each tensor's file)")
         else:
             files = [folder / name]
         break
@@ -172,8 +180,9 @@ def read_weights(folder):
                 part = need("safetensors.torch", f"reading {f.name}").load_file(str(f))
             else:
                 part = torch.load(str(f), map_location="cpu", weights_only=True)
-        except (OSError, RuntimeError, ValueError) as e:
-            raise ConvertError(f"{f}: cannot read it ({str(e).splitlines()[0] if str(e) else type(e).__name__})")
+        except Exception as e:  # the readers' errors vary (SafetensorError, UnpicklingError, OSError, ...)
+            raise ConvertError(f"{f}: cannot read it ({str(e).splitlines()[0] if str(e) else type(e).__name__}) "
+                               f"(hint: a download cut short? fetch the file again)")
         for name, t in part.items():
             name = name[len("transformer."):] if name.startswith("transformer.") else name
             tensors[name] = t.detach().to(torch.float32).numpy()
@@ -221,13 +230,19 @@ def write_model(path, L, C, NH, V, maxT, arrays):
     header = np.zeros(256, dtype="<i4")
     header[:8] = [MODEL_MAGIC, MODEL_VERSION, maxT, V, L, NH, C, pad_vocab(V)]
     path = Path(path)
+    if path.is_dir():
+        raise ConvertError(f"{path}: a folder (hint: name the model file to write, e.g. {path / 'model.bin'})")
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(header.tobytes())
-        for a in arrays:
-            f.write(np.ascontiguousarray(a, dtype="<f4").tobytes())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(header.tobytes())
+            for a in arrays:
+                f.write(np.ascontiguousarray(a, dtype="<f4").tobytes())
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)  # (a full disk: no half file left)
+        raise
 
 
 def do_import(src, out):
@@ -267,9 +282,12 @@ def read_model(path):
         raise ConvertError(f"{path}: magic {header[0]} version {header[1]}, not an llm.c fp32 model file "
                            f"({MODEL_MAGIC}, {MODEL_VERSION})")
     maxT, V, L, NH, C, Vp = header[2:8]
+    if min(L, C, NH, V, maxT) < 1 or C % NH or Vp != pad_vocab(V):
+        raise ConvertError(f"{path}: the header's L={L} C={C} NH={NH} V={V} Vp={Vp} maxT={maxT} is not a GPT-2 "
+                           f"shape (NH divides C; Vp is V rounded up to a multiple of 128) (hint: corrupt file)")
     want = shapes(L, C, V, maxT)
     n = sum(int(np.prod(s)) for s in want)
-    if Vp != pad_vocab(V) or size != 1024 + 4 * n:
+    if size != 1024 + 4 * n:
         raise ConvertError(f"{path}: {size} bytes, the header's shape needs {1024 + 4 * n} (hint: "
                            f"truncated or corrupt file)")
     flat = np.fromfile(path, dtype="<f4", offset=1024)
@@ -312,6 +330,8 @@ def do_export(src, out):
         print(f"note: {path}: the padded rows of wte are not zero; they never reach the loss and are dropped")
     tensors = {k: torch.from_numpy(np.ascontiguousarray(a)) for k, a in ours_to_hf(L, V, arrays).items()}
     out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise ConvertError(f"{out}: a file, not a folder (hint: name the folder to write the Hugging Face files to)")
     out.mkdir(parents=True, exist_ok=True)
     tmp = out / "model.safetensors.tmp"
     save_file(tensors, str(tmp), metadata={"format": "pt"})
@@ -347,6 +367,9 @@ def main():
         (do_import if args.command == "import" else do_export)(args.src, args.out)
     except ConvertError as e:
         print(f"error: {e}", file=sys.stderr)
+        sys.exit(1)
+    except OSError as e:  # a file that cannot be read or written (a full disk, no permission)
+        print(f"error: {e.filename or args.out}: {e.strerror} (hint: check the path and the space)", file=sys.stderr)
         sys.exit(1)
 
 

@@ -59,7 +59,10 @@ def parse_steps(spec):
     if not spec:
         return None
     a, _, b = spec.partition("-")
-    return int(a), int(b or a)
+    try:
+        return int(a), int(b or a)
+    except ValueError:
+        raise SystemExit(f"error: --steps {spec}: not a step or first-last (hint: e.g. --steps 5-7)")
 
 
 def select(events, steps):
@@ -70,7 +73,7 @@ def select(events, steps):
     lo, hi = steps
     main = [e for e in events if lo <= e["step"] <= hi and e["tid"] not in BACKGROUND]
     if not main:
-        raise SystemExit(f"no events in steps {lo}-{hi}")
+        return []
     t0 = min(e["ts"] for e in main)
     t1 = max(e["ts"] + e["dur"] for e in main)
     return main + [e for e in events if e["tid"] in BACKGROUND and t0 <= e["ts"] < t1]
@@ -89,7 +92,9 @@ def plot(traces, out, steps=None, title=None):
     for ax, (label, path, (names, events)) in zip(axes[:, 0], traces):
         events = select(events, steps)
         if not events:
-            raise SystemExit(f"error: {path}: no events in the steps asked for")
+            where = f" in steps {steps[0]}-{steps[1]}" if steps else ""
+            raise SystemExit(f"error: {path}: no events{where} (hint: the trace holds the steps -tf and -tn "
+                             f"named)")
         t0 = min(e["ts"] for e in events)
         span = max(span, max(e["ts"] + e["dur"] for e in events) - t0)
         ypos = {tid: len(TRACKS) - 1 - i for i, (tid, _) in enumerate(TRACKS)}
@@ -145,8 +150,9 @@ def main():
         label, path = data_files.split_label(item, os.path.basename(item))
         with data_files.one_line_errors(path, "a trace file (-tr)"):
             traces.append((label, path, load(path)))
+    steps = parse_steps(args.steps)
     with data_files.one_line_errors(args.out, "a picture", "--out must be in a folder that exists"):
-        plot(traces, args.out, parse_steps(args.steps), args.title)
+        plot(traces, args.out, steps, args.title)
     print(f"wrote {args.out}")
 
 

@@ -19,14 +19,19 @@ Outputs, in DIR (default data/NAME), NAME (default "text"):
     NAME_train_000001.bin   size), ...; a split's last shard holds the rest, or, if the rest is
                             under half a shard, the shard before it takes it in (a trainer
                             needs B*T+1 tokens in every shard)
-and the trainers read them with -i "DIR/NAME_train_*.bin" -j "DIR/NAME_val_*.bin".
+and the trainers read them with -i "DIR/NAME_train_*.bin" -j "DIR/NAME_val_*.bin". The shards
+are written to DIR/.NAME_new/ and moved into DIR once all are written, replacing every NAME_
+shard an earlier run left there (a pattern must not pick up shards of other text); until then,
+and on any error, DIR's shards stay as they were.
 A progress bar (bytes read, MB/s, tokens/s) goes to stderr, redrawn on a terminal and a line
 every 10% elsewhere; a summary line (documents, tokens, shards) to stdout. Bad input is one
-line, `error: FILE: line N: what (hint: ...)`, exit code 1, and no shard is left behind.
+line, `error: FILE: line N: what (hint: ...)`, exit code 1, and no new shard is left behind.
 """
 
 import argparse
 import json
+import re
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -125,11 +130,18 @@ class Progress:
 
 
 class Shards:
-    """the stream of tokens into NAME_val_* (the first val_tokens) and NAME_train_* shards"""
+    """the stream of tokens into NAME_val_* (the first val_tokens) and NAME_train_* shards, written
+    to out/.NAME_new/ until commit() moves them into out"""
 
     def __init__(self, out, name, val_tokens, shard_tokens):
         self.out, self.name, self.val_tokens, self.shard_tokens = out, name, val_tokens, shard_tokens
         self.buffer, self.count, self.written, self.index = [], 0, [], {"val": 0, "train": 0}
+        self.stage = out / f".{name}_new"
+        try:
+            shutil.rmtree(self.stage, ignore_errors=True)  # (what a killed run left)
+            self.stage.mkdir(parents=True)
+        except OSError as e:
+            raise InputError(f"error: --out {out}: cannot create {self.stage} ({e.strerror}) (hint: check the path)")
 
     def split(self):
         return "val" if self.count < self.val_tokens else "train"
@@ -159,15 +171,25 @@ class Shards:
             self.index[split] -= 1
             before = self.written.pop()
             self.buffer = np.concatenate([data_files.read_shard(before), np.asarray(self.buffer, dtype=np.uint16)])
-        path = self.out / f"{self.name}_{split}_{self.index[split]:06d}.bin"
+        path = self.stage / f"{self.name}_{split}_{self.index[split]:06d}.bin"
         data_files.write_shard(path, self.buffer)
         self.written.append(path)
         self.index[split] += 1
         self.buffer = []
 
     def remove(self):
-        for path in self.written:
-            path.unlink(missing_ok=True)
+        shutil.rmtree(self.stage, ignore_errors=True)
+
+    def commit(self):
+        """replaces out's NAME_ shards with the new ones; returns how many were there before"""
+        mine = re.compile(rf"{re.escape(self.name)}_(val|train)_\d{{6}}\.bin")
+        old = [p for p in self.out.iterdir() if mine.fullmatch(p.name)]
+        for path in old:
+            path.unlink()
+        for i, path in enumerate(self.written):
+            self.written[i] = path.rename(self.out / path.name)
+        self.stage.rmdir()
+        return len(old)
 
 
 def prepare(enc, inputs, shards, field):
@@ -212,20 +234,26 @@ def main():
     out = Path(args.out) if args.out else data_files.REPO_ROOT / "data" / args.name
     with data_files.exit_on_input_error():  # the BPE files: missing or wrong, one line
         enc = bpe.load_gpt2_tokenizer(args.data_dir)
-    shards = Shards(out, args.name, args.val_tokens, args.shard_tokens)
+    shards = None
     try:
+        shards = Shards(out, args.name, args.val_tokens, args.shard_tokens)
         docs, tokens = prepare(enc, args.inputs, shards, args.field)
         if tokens <= args.val_tokens:
             raise InputError(f"error: {', '.join(args.inputs)}: {tokens:,} tokens in all, not more than "
                              f"--val-tokens {args.val_tokens:,}: nothing left to train on (hint: more text, or a "
                              f"smaller --val-tokens)")
-    except InputError as e:
-        shards.remove()
+        replaced = shards.commit()
+    except (InputError, OSError) as e:
+        if shards is not None:
+            shards.remove()
+        if isinstance(e, OSError):  # a write that failed (a full disk)
+            e = f"error: {e.filename or out}: cannot write ({e.strerror}) (hint: check the space and the path)"
         print(f"\n{e}" if sys.stderr.isatty() else e, file=sys.stderr)
         sys.exit(1)
+    before = f"; the {replaced} {args.name}_ shards there before are gone" if replaced else ""
     print(f"prepare_text: {docs:,} documents, {tokens:,} tokens (val {args.val_tokens:,}, train "
           f"{tokens - args.val_tokens:,}), {len(shards.written)} shards ({shards.index['val']} val, "
-          f"{shards.index['train']} train) in {out}/{args.name}_*.bin")
+          f"{shards.index['train']} train) in {out}/{args.name}_*.bin{before}")
 
 
 if __name__ == "__main__":

@@ -15,15 +15,19 @@ Then:
   3. export: convert_hf.py export of the imported file, loaded by
      GPT2LMHeadModel.from_pretrained, has every tensor of the original bit for bit (lm_head
      tied to wte), so its logits are the original's bit for bit; importing the export again
-     gives the same model file, byte for byte; with GPT-2's vocabulary, AutoTokenizer loads
-     the export's tokenizer, which gives scripts/bpe.py's ids;
+     gives the same model file, byte for byte; with GPT-2's vocabulary, the export holds
+     GPT-2's tokenizer (its BPE files must be here: make data, or DATA_MIRROR_DIR), which
+     AutoTokenizer loads and which gives scripts/bpe.py's ids;
   4. a checkpoint: two training steps of the CPU trainer from the imported file (-o, -n),
      exported from the checkpoint folder, give in transformers the logits of our forward on
      that checkpoint (1e-5).
 And the converter's errors, one line each: a model name with no network, a folder without
-weights, a GELU that is not GPT-2's, an lm_head not tied to wte. (A weights file that keeps
-the tied pair under lm_head.weight alone, as safetensors' save_model does, imports like any;
-beside an index of other shards, model.safetensors is the file read, as transformers reads it.)
+weights, a GELU that is not GPT-2's, an lm_head not tied to wte, a config.json that is a list
+or has n_head 0, a model.safetensors cut short, an index without weight_map, an import to a
+folder (no .tmp left), an export into a file, a model file whose Vp is not V padded. (A
+weights file that keeps the tied pair under lm_head.weight alone, as safetensors' save_model
+does, imports like any; beside an index of other shards, model.safetensors is the file read,
+as transformers reads it.)
 
 What must match for the logits to agree (and the converter refuses a config.json that differs):
   - GELU: GPT-2's "gelu_new", 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), which is our
@@ -161,7 +165,10 @@ def test_shape(transformers, torch, forward_bin, trainer, shape, tmp):
           back.lm_head.weight.data_ptr() == back.transformer.wte.weight.data_ptr())
     back_logits, _ = hf_forward(torch, back, x, y)
     check(f"{name}: the export's logits are the original's bit for bit", same_bits(back_logits, ref_logits))
-    if V == 50257:  # GPT-2's vocabulary: its tokenizer goes with the export
+    if V == 50257 and check(f"{name}: the export holds GPT-2's tokenizer (vocab.json, merges.txt)",
+                            (exported / "vocab.json").is_file() and (exported / "merges.txt").is_file(),
+                            "GPT-2's BPE files are not here, nor downloadable (hint: make data, or "
+                            "DATA_MIRROR_DIR=<a folder with gpt2/encoder.json and gpt2/vocab.bpe>)"):
         sys.path.insert(0, str(ROOT / "scripts"))
         import bpe
         text = "Hello world, ZenFlow's 2 threads!\n  tabs\tand  spaces, caf\u00e9 \u2603"
@@ -258,6 +265,38 @@ def test_errors(transformers, torch, tmp):
     one_error_line("untied lm_head", p, "lm_head.weight differs from wte.weight")
     p = convert("export", tmp / "empty", tmp / "out")
     one_error_line("export of a folder without checkpoints", p, "model_<step>.bin")
+    # broken downloads and configs, and outputs that are the wrong kind of thing: one line each
+    model.config.tie_word_embeddings = True
+    model.save_pretrained(tmp / "good")
+    good_config = json.loads((tmp / "good" / "config.json").read_text())
+    def variant(name, config=None, weights=None, index=None):
+        shutil.copytree(tmp / "good", tmp / name)
+        if config is not None:
+            (tmp / name / "config.json").write_text(json.dumps(config))
+        if weights is not None:
+            (tmp / name / "model.safetensors").write_bytes(weights)
+        if index is not None:
+            (tmp / name / "model.safetensors").unlink()
+            (tmp / name / "model.safetensors.index.json").write_text(index)
+        return convert("import", tmp / name, tmp / "x.bin")
+    one_error_line("a config.json that is a list", variant("cfg_list", config=[good_config]), "not an object")
+    one_error_line("n_head 0", variant("nh0", config=dict(good_config, n_head=0)), "n_head 0", "at least 1")
+    cut = (tmp / "good" / "model.safetensors").read_bytes()[:-100]
+    one_error_line("a model.safetensors cut short", variant("cut", weights=cut), "model.safetensors", "cannot read it")
+    one_error_line("an index without weight_map", variant("index", index="{}"), "index.json", "weight_map")
+    check("error (broken inputs): no model file written", not (tmp / "x.bin").exists())
+    (tmp / "folder.bin").mkdir()
+    p = convert("import", tmp / "good", tmp / "folder.bin")
+    one_error_line("import to a folder", p, "folder.bin", "a folder")
+    check("error (import to a folder): no .tmp left", not (tmp / "folder.bin.tmp").exists())
+    p = convert("import", tmp / "good", tmp / "good.bin")
+    check("import of the good folder", p.returncode == 0, p.stderr.strip())
+    p = convert("export", tmp / "good.bin", tmp / "good.bin")
+    one_error_line("export into a file", p, "good.bin", "not a folder")
+    data = bytearray((tmp / "good.bin").read_bytes())
+    data[28:32] = (256).to_bytes(4, "little")  # Vp 256 for V 64
+    (tmp / "vp.bin").write_bytes(bytes(data))
+    one_error_line("a model file whose Vp is not V padded", convert("export", tmp / "vp.bin", tmp / "vp"), "Vp=256")
 
 
 def main():

@@ -372,8 +372,9 @@ def test_plot_loss(tmp):
 
 
 def test_path_errors(tmp):
-    """a missing or binary input, and prepare_tinyshakespeare.py's --out at a file or where no
-    folder can be made, end in one line on stderr naming the path, and exit 1"""
+    """a missing or binary input, plot_timeline.py's --steps not a range or not in the trace, and
+    prepare_tinyshakespeare.py's --out at a file or where no folder can be made, end in one line
+    on stderr naming the path (or the flag), and exit 1"""
     binary = os.path.join(tmp, "binary.dat")
     with open(binary, "wb") as f:
         f.write(bytes(range(256)) * 8)
@@ -382,6 +383,10 @@ def test_path_errors(tmp):
     cases = []
     for script, flag in (("plot_loss.py", "--log"), ("plot_step_time.py", "--csv"), ("plot_timeline.py", "--trace")):
         cases += [(script, [flag, path, "--out", png], path) for path in (missing, binary)]
+    trace = os.path.join(tmp, "good_trace.json")  # a good trace, asked for what it does not hold
+    fake_trace(trace, "zenflow", 3)
+    cases += [("plot_timeline.py", ["--trace", trace, "--steps", "x", "--out", png], "--steps x"),
+              ("plot_timeline.py", ["--trace", trace, "--steps", "90-95", "--out", png], "no events in steps 90-95")]
     cases += [("prepare_tinyshakespeare.py", ["--out", binary], binary),
               ("prepare_tinyshakespeare.py", ["--out", os.path.join(binary, "sub")], "binary.dat")]
     for script, args, needle in cases:

@@ -17,7 +17,9 @@ Tests scripts/prepare_text.py: your own text to token shards.
   - bad input, each one line `error: FILE: line N: ... (hint: ...)` (no line for a whole
     file), exit code 1, and no shard left behind: not UTF-8 (a text file and a JSONL line),
     an empty file, a missing field, not JSON, a blank line, a number for the text, a
-    missing file, too little text for the val split.
+    missing file, too little text for the val split, an --out that cannot be created;
+  - a second run into the same --out: its shards replace the first's (none left for a
+    pattern to pick up); one that fails leaves the first's unchanged.
 Prints PASS / FAIL per check and `prepare_text: N passed, M failed`; exit code 1 on a failure.
 """
 
@@ -187,6 +189,35 @@ def test_bad_inputs(tmp):
           p.returncode == 1 and len(error_lines(p)) == 1 and "342 tokens in all" in error_lines(p)[0]
           and "nothing left to train on" in error_lines(p)[0]
           and not list((tmp / "few").glob("*.bin")), p.stderr.strip())
+    p = prepare("--out", good / "sub", good)
+    check("an --out that cannot be created: one line naming it, exit 1",
+          p.returncode == 1 and len(error_lines(p)) == 1 and error_lines(p)[0].startswith(f"error: --out {good / 'sub'}: ")
+          and "Traceback" not in p.stderr, p.stderr.strip())
+
+
+def test_rerun(tmp):
+    """a second run into the same --out: its shards replace the first's, none of which is left for
+    a pattern to pick up; a second run that fails leaves the first's as they were"""
+    long, short, bad = tmp / "long.txt", tmp / "short.txt", tmp / "bad.txt"
+    long.write_text("The first text, long enough for several shards of the train split. " * 40)
+    short.write_text("A second, shorter text. " * 12)
+    bad.write_bytes(b"caf\xe9\n")
+    out = tmp / "rerun"
+    first = prepare("--out", out, "--val-tokens", 50, "--shard-tokens", 100, long)
+    before = {p.name: p.read_bytes() for p in out.glob("*.bin")}
+    failed = prepare("--out", out, "--val-tokens", 50, "--shard-tokens", 100, short, bad)
+    check("a failed run into a prepared --out: exit 1, the shards there unchanged, nothing added",
+          first.returncode == 0 and len(before) > 3 and failed.returncode == 1
+          and {p.name: p.read_bytes() for p in out.glob("*.bin")} == before and sorted(p.name for p in out.iterdir())
+          == sorted(before), f"{first.stderr.strip()} {failed.stderr.strip()} {sorted(p.name for p in out.iterdir())}")
+    second = prepare("--out", out, "--val-tokens", 50, "--shard-tokens", 100, short)
+    alone = tmp / "alone"
+    prepare("--out", alone, "--val-tokens", 50, "--shard-tokens", 100, short)
+    want = {p.name: p.read_bytes() for p in alone.glob("*.bin")}
+    check("a second run into the same --out: exactly its own shards there, the first's gone, said so",
+          second.returncode == 0 and {p.name: p.read_bytes() for p in out.iterdir()} == want
+          and f"the {len(before)} text_ shards there before are gone" in second.stdout,
+          f"{second.stdout.strip()} {sorted(p.name for p in out.iterdir())} want {sorted(want)}")
 
 
 def main():
@@ -201,10 +232,11 @@ def main():
                     test(fixture, Path(tmp))
                 except Exception as e:
                     check(f"{test.__name__}: no unexpected exception", False, f"{type(e).__name__}: {e}")
-            try:
-                test_bad_inputs(Path(tmp))
-            except Exception as e:
-                check("test_bad_inputs: no unexpected exception", False, f"{type(e).__name__}: {e}")
+            for test in (test_bad_inputs, test_rerun):
+                try:
+                    test(Path(tmp))
+                except Exception as e:
+                    check(f"{test.__name__}: no unexpected exception", False, f"{type(e).__name__}: {e}")
     print(f"prepare_text: {results['passed']} passed, {results['failed']} failed")
     return 1 if results["failed"] else 0
 
