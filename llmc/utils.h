@@ -201,7 +201,6 @@ static inline long parse_int(const char* flag, const char* text, long lo, long h
 
 static inline double parse_double(const char* flag, const char* text, double lo, double hi) {
     char* end = NULL;
-    errno = 0;
     double value = strtod(text, &end);  // (beyond a double: +-inf; below its smallest: the nearest)
     if (end == text || *end != '\0' || value != value) { fatal("flag %s: '%s' is not a number", flag, text); }
     if (value < lo || value > hi) { fatal("flag %s: %s is out of range [%g, %g]", flag, text, lo, hi); }
