@@ -2,9 +2,12 @@
 The CUDA kernels of the GPT-2 trainer, shared by train_gpt2.cu, test_gpt2.cu and dev/cuda/.
 
 Every kernel computes the same math as the CPU reference (train_gpt2.cpp), operation
-for operation where it can: the same expressions in the same order, so that the only
-differences to the CPU are the order of long sums (warp/block reductions, cuBLAS) and the
-last ulp of expf/logf/tanhf. Build with `-fmad=false` and without --use_fast_math:
+for operation where it can: the same expressions in the same order. Where it cannot, the
+results differ in their last bits: long sums add in another order (warp/block reductions,
+cuBLAS), the softmaxes (attention, classifier) are one online pass whose sum is rescaled
+whenever the max grows (the CPU takes the max first), expf/logf/tanhf are CUDA's (within
+2 ulp), and the matmuls round their inputs to TF32 unless -f 0 (the tests run without).
+Build with `-fmad=false` and without --use_fast_math:
 - -fmad=false stops nvcc from fusing a*b+c into one FMA (one rounding instead of two);
   AdamW (spec 3.1) is then bitwise the CPU's, and the rest stays closest to it;
 - --use_fast_math would turn expf/sqrtf/division into approximations and flush denormals.
@@ -33,6 +36,8 @@ Naming: B batch, T time, C channels, NH heads, hs = C/NH, L layers, V vocab, Vp 
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
+
+#include <vector>
 
 #include "adamw.h"
 #include "gpu_memory.h"
@@ -291,8 +296,9 @@ static inline void column_sums(float* out, float* scratch, const float* x, int r
 // adjacent columns and reads every row; thread (x, y) adds rows y, y + 128, y + 256, ... of
 // column x in row order, then column_block_sum adds the 128 lanes' sums in a fixed tree.
 // Why 8 columns: 8 floats are one 32-byte sector, the unit in which the GPU reads memory, so
-// each warp's load (4 rows x 8 columns) wastes nothing, and a gradient of C = 768 columns still
-// makes 96 blocks. No second pass: no block needs another block's result (no atomics here).
+// each warp's load (4 rows x 8 columns) wastes nothing where C is a multiple of 8 (every GPT-2
+// size; another C reads a few sectors more), and a gradient of C = 768 columns still makes 96
+// blocks. No second pass: no block needs another block's result (no atomics here).
 #define COLUMN_BLOCK_COLS 8
 #define COLUMN_BLOCK_LANES 128
 
@@ -531,22 +537,22 @@ static cublasComputeType_t cublas_compute = CUBLAS_COMPUTE_32F_FAST_TF32;
 
 // The algorithm cuBLASLt's heuristic picks for a problem, cached by everything the choice
 // depends on, so that each shape costs one heuristic query per run (and always gets the
-// same algorithm, which is what makes repeated runs bitwise equal).
-#define ALGO_CACHE_SIZE 256
+// same algorithm, which is what makes repeated runs bitwise equal). It grows with the shapes
+// seen: a sample adds about 7 for each length it draws (its forward passes run B = 1 at
+// T = 1, 2, ...), and a cache of fixed size, once full, would query again on every call.
 #define ALGO_KEY_LEN 16
 typedef struct {
     long long key[ALGO_KEY_LEN];
     int found;  // 0: cuBLASLt offers no algorithm for this problem
     cublasLtMatmulAlgo_t algo;
 } AlgoCacheEntry;
-static AlgoCacheEntry algo_cache[ALGO_CACHE_SIZE];
-static int algo_cache_used = 0;
+static std::vector<AlgoCacheEntry> algo_cache;
 
 static inline void cublas_init(int use_tf32) {
     cublasCheck(cublasLtCreate(&cublaslt_handle));
     cublaslt_workspace = cuda_malloc(CUBLASLT_WORKSPACE_BYTES, "the cuBLASLt workspace");
     cublas_compute = use_tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
-    algo_cache_used = 0;
+    algo_cache.clear();
 }
 
 static inline void cublas_set_tf32(int use_tf32) {
@@ -630,10 +636,11 @@ static int matmul_cublaslt_try(float* d, const float* a, const float* b, const f
                                       (long long)compute};
     const cublasLtMatmulAlgo_t* algo = NULL;
     int found = -1;  // not known yet
-    for (int i = 0; i < algo_cache_used; i++) {
+    for (size_t i = 0; i < algo_cache.size(); i++) {
         if (memcmp(algo_cache[i].key, key, sizeof(key)) == 0) {
             algo = &algo_cache[i].algo;
             found = algo_cache[i].found;
+            break;
         }
     }
     cublasLtMatmulHeuristicResult_t heuristic;
@@ -660,12 +667,11 @@ static int matmul_cublaslt_try(float* d, const float* a, const float* b, const f
         if (status != CUBLAS_STATUS_NOT_SUPPORTED) { cublasCheck(status); }
         found = status == CUBLAS_STATUS_SUCCESS && count > 0 && heuristic.state == CUBLAS_STATUS_SUCCESS;
         algo = &heuristic.algo;
-        if (algo_cache_used < ALGO_CACHE_SIZE) {
-            memcpy(algo_cache[algo_cache_used].key, key, sizeof(key));
-            algo_cache[algo_cache_used].found = found;
-            algo_cache[algo_cache_used].algo = heuristic.algo;
-            algo_cache_used++;
-        }
+        AlgoCacheEntry entry;
+        memcpy(entry.key, key, sizeof(key));
+        entry.found = found;
+        entry.algo = heuristic.algo;
+        algo_cache.push_back(entry);
     }
     if (found) {
         const float alpha = 1.0f;
