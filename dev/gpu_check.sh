@@ -5,7 +5,8 @@
 #   bash dev/gpu_check.sh <logdir> [--out <dir>] [--only "<stages>"] [--host-memory-gib <GiB>]
 #   bash dev/gpu_check.sh --plan     the stages with their time limits, and what must travel
 #   bash dev/gpu_check.sh --ready    the same, and it fails unless everything that must travel
-#                                    is there and build/gpu_refs was packed from this tree
+#                                    is there (the files the stages read: READY_FILES, llm.c at
+#                                    its pinned commit) and build/gpu_refs was packed from this tree
 #
 # The stages run in this order, each cut short at its time limit (every command in it gets
 # at most what is left of it), so a run takes at most the sum of the limits. What only a GPU
@@ -46,8 +47,9 @@
 # and so nvcc's host compiler, read it) where the machine has none.
 #
 # --out: also write into <dir> the files a remote run must bring back: progress.md, each
-# row as its stage ends and each benchmark table as soon as it exists (it is there even if
-# the command is killed), then summary.md and gpu_check_logs.tar.gz (every log of <logdir>).
+# row as it is recorded and each benchmark table as its stage ends, and gpu_check_logs.tar.gz
+# (every log of <logdir>), made again as each stage begins (both are there even if the command
+# is killed), then summary.md.
 # On a GPU machine:
 #   bash dev/gpu_check.sh /tmp/gpu_check --out $OUT --host-memory-gib 128
 # --only: run just these stages after the builds, e.g. --only "sanitizer timeline" (a second
@@ -103,10 +105,12 @@ stage_names() { awk 'NF { print $1 }' <<<"$STAGE_TABLE"; }
 stage_limit() { awk -v s="$1" '$1 == s { print $2 }' <<<"$STAGE_TABLE"; }
 is_extra() { [[ " $EXTRA_STAGES " == *" $1 "* ]]; }
 ALL_STAGES=$(stage_names | tr '\n' ' ')
-usage() {
-    echo "usage: $0 <logdir> [--out <dir>] [--only \"<stages>\"] [--host-memory-gib <GiB>]   or   $0 --plan|--ready" >&2
-    echo "  stages: $ALL_STAGES" >&2
-    exit 2
+usage() {  # usage [STATUS]: 2 (the default) to stderr, 0 (-h) to stdout
+    local status=${1:-2}
+    { echo "usage: $0 <logdir> [--out <dir>] [--only \"<stages>\"] [--host-memory-gib <GiB>]   or   $0 --plan|--ready"
+      echo "  stages: $ALL_STAGES"
+    } >&$(( status == 0 ? 1 : 2 ))
+    exit "$status"
 }
 
 # --plan: every stage with its limit and the time by which it has ended at the latest, then
@@ -151,8 +155,30 @@ plan() {
     echo "  travels (carry: $CARRY): $line; $(mib "$total") of $CARRY_MAX_MIB MiB"
     [ "$total" -le $(( CARRY_MAX_MIB << 20 )) ] || { echo "gpu_check.sh --plan: FAIL: more than $CARRY_MAX_MIB MiB would travel"; bad=1; }
     if [ $ready = 1 ]; then
+        ready_files || bad=1
         ready_commit || bad=1
         [ $bad -ne 0 ] || echo "gpu_check.sh --ready: ready to travel"
+    fi
+    return $bad
+}
+# the files in the carry paths that the stages read (a folder that is there but empty passes
+# the size check), and build/llmc_ref at the commit scripts/get_llmc.sh pins
+READY_FILES="build/gpu_refs/tiny/state.bin build/gpu_refs/zf_a/zenflow.txt build/gpu_refs/vocab/train.bin
+build/llmc_ref/train_gpt2_fp32.cu data/tinyshakespeare/tiny_shakespeare_train.bin
+data/tinyshakespeare/tiny_shakespeare_val.bin"
+ready_files() {
+    local f bad=0 pinned missing=""
+    for f in $READY_FILES; do
+        [ -s "$f" ] || missing="$missing $f"
+    done
+    if [ -n "$missing" ]; then
+        echo "gpu_check.sh --ready: FAIL: missing or empty:$missing (docs/results/README.md: the preparation)"
+        bad=1
+    fi
+    pinned=$(sed -n 's/^COMMIT=\([0-9a-f]*\).*/\1/p' scripts/get_llmc.sh)
+    if [ -s build/llmc_ref/COMMIT ] && [ "$(cat build/llmc_ref/COMMIT)" != "$pinned" ]; then
+        echo "gpu_check.sh --ready: FAIL: build/llmc_ref is llm.c at $(cut -c1-7 build/llmc_ref/COMMIT), not the pinned ${pinned:0:7} (hint: bash scripts/get_llmc.sh)"
+        bad=1
     fi
     return $bad
 }
@@ -168,6 +194,7 @@ ready_commit() {
 mib() { awk -v b="$1" 'BEGIN { printf "%.1f MiB", b / 1048576 }'; }
 
 [ $# -ge 1 ] || usage
+[ "$1" = -h ] || [ "$1" = --help ] && usage 0
 if [ "$1" = --plan ] || [ "$1" = --ready ]; then
     [ $# -eq 1 ] || usage
     cd "$(dirname "$0")/.." || exit 2
@@ -178,6 +205,7 @@ PACK_DIR=""
 ONLY=""
 HOST_MEMORY_GIB=""
 LOGDIR_ARG=$1
+[[ $LOGDIR_ARG != -* ]] || usage  # an option where the log folder goes
 shift
 while [ $# -gt 0 ]; do
     case $1 in
@@ -246,6 +274,29 @@ chosen() {  # chosen STAGE: the stage runs in this run (the builds always; extra
     if is_extra "$1"; then [[ " $ONLY " == *" $1 "* ]]; else in_only "$1"; fi
 }
 
+# --out: every log so far in one archive, made again as each stage begins, so that a command
+# killed during a stage still brings back the logs of the stages before it. A log over 4 MiB (a
+# sanitizer reporting every access, say) keeps its first and last MiB, so the archive stays far
+# below the 16 MiB a remote run brings back per file
+pack_logs() {
+    [ -n "$PACK_DIR" ] || return 0
+    local staging
+    staging=$(mktemp -d)
+    cp -r "$LOGDIR" "$staging/gpu_check"
+    find "$staging/gpu_check" -type f -size +4M -print0 | while IFS= read -r -d '' f; do
+        { head -c 1048576 "$f"
+          printf '\n[... gpu_check.sh cut this log of %s bytes to its first and last MiB ...]\n' "$(stat -c %s "$f")"
+          tail -c 1048576 "$f"; } >"$f.cut" && mv "$f.cut" "$f"
+    done
+    # the last archive stays whole until the new one is
+    if tar czf "$PACK_DIR/gpu_check_logs.part" -C "$staging" gpu_check; then
+        mv -f "$PACK_DIR/gpu_check_logs.part" "$PACK_DIR/gpu_check_logs.tar.gz"
+    else
+        echo "gpu_check.sh: could not write $PACK_DIR/gpu_check_logs.tar.gz" >&2
+    fi
+    rm -rf "$staging"
+}
+
 # STAGE_END: the time by which the stage running now must have ended. begin_stage NAME starts
 # it (its limit, cut to what is left of the run's); then every row of it asks skip_stage
 STAGE_END=0
@@ -254,6 +305,11 @@ begin_stage() {
     now=$(date +%s)
     STAGE_END=$now
     chosen "$1" || return 0
+    pack_logs
+    # make test's dry run: the command is killed here, as the device tool would at its limit
+    [ "${GPU_CHECK_KILL_AT:-}" != "$1" ] || kill -KILL $$
+    now=$(date +%s)
+    STAGE_END=$now
     limit=$(( $(stage_limit "$1") * SLOWDOWN ))
     [ $limit -gt $(( TOTAL_S - (now - START) )) ] && limit=$(( TOTAL_S - (now - START) ))
     if [ $limit -le 0 ]; then
@@ -714,7 +770,12 @@ done
 
 begin_stage sanitizer
 SANITIZER=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
-SANITIZER_LAUNCHES=300
+# test_gpt2cu on zf_a (counted on the CPU emulator, whose launches are the GPU's, in order):
+# launch 79 of our kernels is the last to bring a new one of a -za cpu step but the scatter,
+# which comes at 509 (the first window's update, applied a window later); -za gpu's zeroing
+# comes at 1632, the plain adamw_kernel (k = 1) at 3100. A second run may check further:
+# GPU_CHECK_SANITIZER_LAUNCHES=600 (the scatter) or 3200 (all), --only sanitizer
+SANITIZER_LAUNCHES=${GPU_CHECK_SANITIZER_LAUNCHES:-300}
 SANITIZER_CASE="$REFS/zf_a"
 for tool in memcheck racecheck; do
     if skip_stage sanitizer "compute-sanitizer $tool"; then
@@ -858,9 +919,12 @@ failed=0
     echo
     sed 's/^/    /' "$LOGDIR/env.log"
     echo
-    echo "benchmark data: $DATA_NOTE; d12 = GPT-2 124M shape, random init, T=1024, 12 steps"
-    echo "flops per step = 6*N*B*T + 12*L*C*T*B*T; ms/step = median of steps 3..12"
-    echo "(for scale: llm.c reported ~78 ms/iter for GPT-2 124M at B=4, T=1024 on an A100 40GB, TF32)"
+    echo "benchmark data: $DATA_NOTE"
+    if chosen d12; then
+        echo "d12 = GPT-2 124M shape, random init, T=1024, 12 steps"
+        echo "flops per step = 6*N*B*T + 12*L*C*T*B*T; ms/step = median of steps 3..12"
+        echo "(for scale: llm.c reported ~78 ms/iter for GPT-2 124M at B=4, T=1024 on an A100 40GB, TF32)"
+    fi
     echo
     printf '| %-28s | %-7s | %s\n' "stage" "status" "details"
     printf '|%s|%s|%s\n' "------------------------------" "---------" "---------"
@@ -879,21 +943,9 @@ failed=0
     echo "total time: $(( $(date +%s) - START )) s; logs in $LOGDIR; $failed stage(s) failed"
 } >"$LOGDIR/summary.md"
 
-# --out: the summary, and every log in one archive; a log over 4 MiB (a sanitizer reporting
-# every access, say) keeps its first and last MiB, so the archive stays far below the 16 MiB
-# a remote run brings back per file
 if [ -n "$PACK_DIR" ]; then
-    staging=$(mktemp -d)
-    cp -r "$LOGDIR" "$staging/gpu_check"
-    find "$staging/gpu_check" -type f -size +4M -print0 | while IFS= read -r -d '' f; do
-        { head -c 1048576 "$f"
-          printf '\n[... gpu_check.sh cut this log of %s bytes to its first and last MiB ...]\n' "$(stat -c %s "$f")"
-          tail -c 1048576 "$f"; } >"$f.cut" && mv "$f.cut" "$f"
-    done
     cp "$LOGDIR/summary.md" "$PACK_DIR/summary.md"
-    tar czf "$PACK_DIR/gpu_check_logs.tar.gz" -C "$staging" gpu_check \
-        || echo "gpu_check.sh: could not write $PACK_DIR/gpu_check_logs.tar.gz" >&2
-    rm -rf "$staging"
+    pack_logs
 fi
 echo
 echo "================================ summary ================================"

@@ -43,17 +43,25 @@ gpu_check_dry_run() {
         echo "FAIL: $archive has no gpu_check/summary.md equal to $out/summary.md"
         return 1
     fi
-    # a second run on the same GPU machine runs only what the first left out: --only
-    local only="$LOG_DIR/gpu_check_only" ran
-    GPU_CHECK_SLOWDOWN=4 bash dev/gpu_check.sh "$only" --only "resume timeline" || return 1
-    ran=$(grep -E '^\| ' "$only/summary.md" | grep -v -E 'not in --only|^\| (stage|device|host memory|build|test refs) ' \
-          | cut -d'|' -f2 | sed 's/ *$//; s/^ *//' | tr '\n' ',')
+    # a second run on the same GPU machine runs only what the first left out: --only. This one
+    # is killed as its last stage, d12, begins: --out must hold the logs of the stages before
+    local only="$LOG_DIR/gpu_check_only" only_out="$LOG_DIR/gpu_check_only_out" ran
+    rm -rf "$only" "$only_out"
+    GPU_CHECK_SLOWDOWN=4 GPU_CHECK_KILL_AT=d12 bash dev/gpu_check.sh "$only" --out "$only_out" \
+        --only "resume timeline d12"
+    ran=$(grep '^\[' "$only_out/progress.md" | grep -v 'not in --only' | cut -c9-36 | sed 's/ *$//' \
+          | grep -v -E '^(device|host memory|build|test refs)' | tr '\n' ',')
     if [ "$ran" != "timeline offload,timeline zenflow,resume train_gpt2cu,eval train_gpt2cu," ]; then
-        echo "FAIL: --only \"resume timeline\" ran these stages: $ran"
+        echo "FAIL: --only \"resume timeline d12\" recorded these rows: $ran"
+        return 1
+    fi
+    if [ "$(ls "$only_out")" != "$(printf 'gpu_check_logs.tar.gz\nprogress.md')" ] \
+        || ! tar -tzf "$only_out/gpu_check_logs.tar.gz" | grep -q '^gpu_check/timeline_offload.log$'; then
+        echo "FAIL: a run killed as stage d12 begins should leave progress.md and an archive with the timeline stage's log in $only_out: $(ls "$only_out" | tr '\n' ' ')"
         return 1
     fi
     echo "gpu_check.sh --out: summary.md and an archive of $(tar -tzf "$archive" | grep -c -v '/$') logs;" \
-         "--only ran just the stages asked for"
+         "--only ran just the stages asked for; a killed run's --out holds the logs of the stages before"
 }
 
 # run_test NAME COMMAND...: runs it, shows its output, records the verdict
