@@ -8,7 +8,8 @@
 #
 # Modes: adamw, offload, zenflow (k 0.1, U 4) and zenflow-auto (-zu auto, spec 6). Logs go to
 # build/accuracy/<mode>.log; RUN="zenflow-auto" trains only the modes named (the table is
-# made from every log there), SUMMARY_ONLY=1 none.
+# made from every log there of the same number of steps), SUMMARY_ONLY=1 none. A mode that
+# fails is named at the end (exit 1), after the others have trained.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STEPS=${1:-200}
@@ -23,11 +24,16 @@ flags() {
         *) echo "-zo $1" ;;
     esac
 }
+failed=""
 if [ "${SUMMARY_ONLY:-0}" != 1 ]; then
     for mode in ${RUN:-$MODES}; do
         echo "training $mode ($STEPS steps)..." >&2
         # shellcheck disable=SC2046
-        ./train_gpt2cpu "${COMMON[@]}" $(flags "$mode") > "$OUT/$mode.log"
+        if ! ./train_gpt2cpu "${COMMON[@]}" $(flags "$mode") > "$OUT/$mode.log"; then
+            echo "error: $mode failed (its error is above; log: $OUT/$mode.failed.log)" >&2
+            failed="$failed $mode"
+            mv "$OUT/$mode.log" "$OUT/$mode.failed.log"  # not in the table
+        fi
     done
 fi
 
@@ -47,8 +53,16 @@ printf "| %-12s | %-26s | %-14s | %-16s |\n" ------------ ----------------------
 base=""
 for mode in $MODES; do
     [ -f "$OUT/$mode.log" ] || continue
+    # a log of another run length (an earlier call's) would compare other things
+    n=$(grep -c '| loss ' "$OUT/$mode.log" || true)
+    if [ "$n" != "$STEPS" ]; then
+        echo "note: $OUT/$mode.log has $n steps, not $STEPS: left out (RUN=$mode to train it again)" >&2
+        continue
+    fi
     read -r _ train val < <(summary "$mode")
-    [ -z "$base" ] && base=$val
-    rel=$(awk -v a="$val" -v b="$base" 'BEGIN { printf "%+.2f%%", 100 * (a - b) / b }')
+    [ "$mode" = adamw ] && base=$val
+    rel="n/a (no adamw)"
+    [ -n "$base" ] && rel=$(awk -v a="$val" -v b="$base" 'BEGIN { printf "%+.2f%%", 100 * (a - b) / b }')
     printf "| %-12s | %-26s | %-14s | %-16s |\n" "$mode" "$train" "$val" "$rel"
 done
+[ -z "$failed" ] || { echo "error: failed:$failed" >&2; exit 1; }
