@@ -242,8 +242,10 @@ CXX=${CXX:-g++}
 BUILD=${GPU_CHECK_BUILD:-build/gpu_check}  # dev/cuda/emu/rehearse_gpu_check.sh points this elsewhere
 mkdir -p "$BUILD"
 # the dev/cuda programs that need a GPU, in the order they run (zenflow_async is CPU only:
-# make test runs it)
-DEV_CUDA="copy_engines zenflow encoder layernorm attention gelu residual classifier adamw matmul"
+# make test runs it). matmul early: cuBLASLt's TF32 determinism is checked only there, and its
+# CPU references (about 4e9 multiply-adds) make it the slowest, so that last it would be the
+# one a stage running out of time cuts short
+DEV_CUDA="copy_engines zenflow matmul encoder layernorm attention gelu residual classifier adamw"
 
 # ----------------------------------------------------------------------------
 # the summary table: one row per check; progress.md gets each row as it is recorded

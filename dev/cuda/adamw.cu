@@ -12,7 +12,9 @@ first.
 #include "common.h"
 
 // ----------------------------------------------------------------------------
-// CPU reference: the scalar loop of spec 3.1 (as cpu_adam.cpp's zf_adam_one)
+// CPU reference: the scalar loop of spec 3.1, written out as llmc/adamw.h's adamw_one is
+// (so it catches indexing, constants and fused multiply-adds, not a formula error both
+// share: test_gpt2cu checks the formula against PyTorch)
 
 static void adamw_cpu(float* p, float* m, float* v, const float* g, size_t n, float lr, float beta1, float beta2,
                       float eps, float wd, int s) {

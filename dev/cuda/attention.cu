@@ -35,6 +35,10 @@ static AttentionBuffers make_buffers(int B, int T, int C, int NH, const float* q
     a.vaccum = cuda_malloc(BTC * sizeof(float), "vaccum");
     a.dqkv = cuda_malloc(3 * BTC * sizeof(float), "dqkv");
     a.dqkvr = cuda_malloc(4 * BTC * sizeof(float), "dqkvr");
+    // NaN where nothing was written yet, as on the emulator: a GPU's fresh memory is often 0,
+    // which would pass for the zeros the softmax must write above the diagonal
+    cudaCheck(cudaMemset(a.att, 0xFF, att * sizeof(float)));
+    cudaCheck(cudaMemset(a.preatt, 0xFF, att * sizeof(float)));
     return a;
 }
 

@@ -9,9 +9,9 @@ Validation (tolerance 0 = bitwise unless said):
   - AdamW on the GPU-owned elements (spec 3.1), 3 steps: parameters bitwise vs the scalar
     CPU loop, the moments bitwise after moments_to_host (zenflow.h's layout), every
     CPU-owned element untouched;
-  - grads_to_host (gather + copy down) vs the CPU backend's gather_columns; also layer by
+  - grads_to_host (gather + copy down) vs a gather written here (gather_cpu_owned); also layer by
     layer (zenflow.h's transfer groups, in the backward's order);
-  - params_from_host (copy up + scatter) vs scatter_columns, GPU-owned columns untouched;
+  - params_from_host (copy up + scatter) vs a scatter written here, GPU-owned columns untouched;
     also layer by layer (in the forward's order);
   - zero_grads(all = 0): the vectors and GPU-owned columns 0, the CPU-owned columns kept;
   - moments_from_host then moments_to_host, grads_from_host: round trips;
@@ -206,7 +206,7 @@ static void validate(const char* spec, double k, uint64_t* rng) {
     be->grads_to_host(be->ctx, &zf, packed.data(), -1);
     be->host_wait(be->ctx, packed.data());
     gather_cpu_owned(&zf, h_grads, want.data());
-    bitwise(packed.data(), want.data(), ce + 1, "grads_to_host vs gather_columns");
+    bitwise(packed.data(), want.data(), ce + 1, "grads_to_host vs gather_cpu_owned");
     std::fill(packed.begin(), packed.end(), -1.0f);
     for (int gr = zf.own.num_groups - 1; gr >= 0; gr--) { be->grads_to_host(be->ctx, &zf, packed.data(), gr); }
     be->host_wait(be->ctx, packed.data());
@@ -218,7 +218,7 @@ static void validate(const char* spec, double k, uint64_t* rng) {
     scatter_cpu_owned(&zf, p_ref.data(), fresh);
     cudaCheck(cudaDeviceSynchronize());
     cudaCheck(cudaMemcpy(got.data(), d_params, N * sizeof(float), cudaMemcpyDeviceToHost));
-    bitwise(got.data(), p_ref.data(), N, "params_from_host vs scatter_columns");
+    bitwise(got.data(), p_ref.data(), N, "params_from_host vs scatter_cpu_owned");
     for (int gr = 0; gr < zf.own.num_groups; gr++) { be->params_from_host(be->ctx, &zf, fresh + 2, gr); }
     scatter_cpu_owned(&zf, p_ref.data(), fresh + 2);
     cudaCheck(cudaDeviceSynchronize());
