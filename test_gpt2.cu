@@ -242,7 +242,7 @@ static void test_zenflow_case(const char* dir) {
         char sel_path[] = "/tmp/zf_gpu_selections_XXXXXX";
         make_temp_file(sel_path);
         ZfRun run = zf_run(dir, &c, z, -1, sel_path);
-        check_zf_against_reference(dir, sel_path, run.losses, ZF_NEAR_TIE, "    ");
+        check_zf_against_reference(dir, sel_path, run.losses, run.params, ZF_NEAR_TIE, "    ");
         by_accumulation[tr] = run.losses;
     }
     if (accumulations == 2) {  // information: the accumulations round A differently (spec 7)

@@ -75,6 +75,10 @@ static int* to_device_ints(const int* host, size_t n) {
 // ----------------------------------------------------------------------------
 // validation
 
+// err is worse than the worst so far: larger, or nan (a nan, once there, stays: nothing is
+// larger than nan, and the first nan's place is kept)
+static inline int worse(double err, double worst) { return !isnan(worst) && (isnan(err) || err > worst); }
+
 static int validate_result(const float* device_result, const float* ref, size_t n, const char* name,
                            double tolerance) {
     float* got = (float*)mallocCheck(n * sizeof(float));
@@ -83,7 +87,7 @@ static int validate_result(const float* device_result, const float* ref, size_t 
     size_t worst = 0;
     for (size_t i = 0; i < n; i++) {
         double err = fabs((double)got[i] - (double)ref[i]);
-        if (!(err <= max_err)) {  // also catches nan
+        if (worse(err, max_err)) {
             max_err = err;
             worst = i;
         }

@@ -136,8 +136,10 @@ static void validate(const char* spec, double k, uint64_t* rng) {
                     (r < mat->n_sel ? want_sel : want_cpu) += x;
                 }
             }
-            worst = std::max(worst, fabs(sel[i] - want_sel) / std::max(want_sel, 1e-300));
-            worst = std::max(worst, fabs(cpu[i] - want_cpu) / std::max(want_cpu, 1e-300));
+            double err_sel = fabs(sel[i] - want_sel) / std::max(want_sel, 1e-300);
+            double err_cpu = fabs(cpu[i] - want_cpu) / std::max(want_cpu, 1e-300);
+            if (worse(err_sel, worst)) { worst = err_sel; }
+            if (worse(err_cpu, worst)) { worst = err_cpu; }
         }
         printf("  %-44s max rel err %.2e (tol 1e-12)  %s\n", "abs_sums (auto U) vs double sums", worst,
                worst <= 1e-12 ? "ok" : "FAIL");
@@ -161,7 +163,8 @@ static void validate(const char* spec, double k, uint64_t* rng) {
                 double x = h_grads[mat->offset + (size_t)o * mat->cols + j];
                 ref += x * x;
             }
-            worst = std::max(worst, fabs(scores[j] - ref) / ref);
+            double err = fabs(scores[j] - ref) / ref;
+            if (worse(err, worst)) { worst = err; }
         }
     }
     printf("  %-44s max rel err %.2e (tol 1e-5)  %s, repeat %s\n", "column scores vs double sums", worst,

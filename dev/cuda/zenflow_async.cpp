@@ -328,7 +328,7 @@ static void test_case(const char* dir) {
                 REPORT_WIDTH);
     // against the reference as dev/test/test_zenflow.cpp compares (near-ties within 1e-5)
     printf("  -za gpu, late copies, against the reference:\n");
-    check_zf_against_reference(dir, sel_path, late.losses, 1e-5, "    ");
+    check_zf_against_reference(dir, sel_path, late.losses, late.params, 1e-5, "    ");
     double accumulations = 0.0;
     for (size_t t = 0; t < late.losses.size() && t < plain.losses.size(); t++) {
         accumulations = std::max(accumulations, fabs((double)late.losses[t] - plain.losses[t]));

@@ -14,7 +14,7 @@
 #   tiny   L=2 C=48 NH=4, V=97 (padded to 128), random tokens: exercises the vocab padding
 #   vocab  L=2 C=64 NH=2, GPT-2's real V=50257, the start of tinyshakespeare's train split
 # and the ZenFlow cases (scripts/zenflow_reference.py), each with zenflow.txt and
-# selections.txt as well (see dev/test/test_zenflow.cpp):
+# selections.txt and final.bin (the model after the drain) as well (see dev/test/test_zenflow.cpp):
 #   zf_a  tiny, k=0.1  U=4 S=8 W=0 overlap on : 24 steps = 6 windows, 3 selections
 #   zf_b  tiny, k=0.05 U=3 S=6 W=2 overlap off: warm-up, then windows and reselections
 #   zf_c  tiny, k=0.5  U=2 S=4 W=3 overlap on
@@ -86,7 +86,7 @@ make_zf_case() {
     $PYTHON scripts/zenflow_reference.py --model "$dir/model.bin" --data "$dir/train.bin" -b "$B" -t "$T" \
         --steps "$steps" --lr "$lr" --wd "$wd" --mode "$mode" --topk "$k" --update-interval "$U" \
         --select-interval "$S" --warmup "$W" --overlap "$overlap" --max-update-interval "$umax" \
-        --out "$dir/losses.txt" --selections "$dir/selections.txt"
+        --out "$dir/losses.txt" --selections "$dir/selections.txt" --out-model "$dir/final.bin"
     echo "$B $T $steps $lr $wd" > "$dir/case.txt"
     echo "$mode $k $U $S $W $overlap $umax" > "$dir/zenflow.txt"
 }

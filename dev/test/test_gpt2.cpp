@@ -111,8 +111,8 @@ static void test_dataloader(void) {
     DataLoader loader;
     const int B = 2, T = 4;  // 8 tokens a batch, 9 read
     dataloader_init(&loader, pattern, B, T, 200);
-    // expected first inputs of consecutive batches: a at 0, 8, (16+9 > 25: next shard) b at 0,
-    // (8+9 = 17 fits) b at 8, then wrap to a at 0
+    // expected first inputs of consecutive batches: a at 0, 8 and (16+9 = 25 fits) 16, then
+    // (24+9 > 25: next shard) b at 0, (8+9 = 17 fits) b at 8
     int expected_first[5] = {0, 8, 16, 100, 108};
     int ok = 1;
     for (int k = 0; k < 5; k++) {
@@ -308,6 +308,16 @@ static void test_thread_independence(const char* dir) {
     gpt2_free(&model);
 }
 
+// the checkers themselves: a nan anywhere is the largest error, not only in the last place
+static void test_checker_nan(void) {
+    printf("== the tensor checker and a nan\n");
+    const float ours[3] = {NAN, 0.5f, 0.25f}, ref[3] = {0.0f, 0.5f, 0.0f};
+    double max_abs, max_ref;
+    max_errors(ours, ref, 3, &max_abs, &max_ref);
+    printf("  max |err| of {nan, 0, 0.25}: %g  %s\n", max_abs, isnan(max_abs) ? "ok" : "FAIL");
+    check(isnan(max_abs), "max_errors forgets a nan that a later finite error follows");
+}
+
 // the loss stays finite however far below the max the target's logit is
 static void test_far_loss(void) {
     printf("== the loss of a target far below the max\n");
@@ -327,6 +337,7 @@ int main(int argc, char* argv[]) {
     test_random_init();
     test_tokenizer_files();
     test_far_loss();
+    test_checker_nan();
     for (int i = 1; i < argc; i++) { test_case(argv[i]); }
     test_thread_independence(argv[1]);
     printf("test_gpt2cpu: %d passed, %d failed\n", g_passed, g_failed);

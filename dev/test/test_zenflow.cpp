@@ -5,14 +5,15 @@ of the spec (scripts/zenflow_reference.py), and the invariants that must hold ex
   ./test_zenflow <zenflow case dir> [...]       (written by dev/test/make_refs.sh)
 
 A zenflow case directory holds model.bin, train.bin, case.txt ("B T steps lr wd"),
-zenflow.txt ("mode k U S W overlap"), and the reference's losses.txt and selections.txt.
+zenflow.txt ("mode k U S W overlap"), and the reference's losses.txt, selections.txt and
+final.bin (the model after the last step and the drain, spec 4.7).
 
 Every run trains as the trainer's main loop does, with its defaults: zf_before_backward
 zeroes the gradients, and the passes call the per-layer hooks (-zp 1, transfers per layer).
 1. Against the reference, per case (zenflow: in both accumulations, -za cpu and -za gpu): the
-   columns chosen at every selection (every matrix), and the loss of every step (2e-5
+   columns chosen at every selection (every matrix), the loss of every step (2e-5
    absolute, the bound of test_gpt2cpu, for the same reason: the forward/backward sums
-   differ in order, a few ulps).
+   differ in order, a few ulps), and the parameters after the drain (final.bin).
    Column scores come from two different summation orders, so where two scores sit within
    rounding of each other at the selection boundary the two sides may legitimately pick
    different columns. That case is detected and reported as NEAR-TIE with the scores; the
@@ -39,7 +40,7 @@ zeroes the gradients, and the passes call the per-layer hooks (-zp 1, transfers 
 // main loop does (pipeline: -zp); returns the losses; writes the selection log to sel_path
 // if not NULL
 static std::vector<float> run(const char* dir, const ZfCase* c, ZfConfig z, const char* sel_path,
-                              int pipeline = 1) {
+                              int pipeline = 1, std::vector<float>* final_params = NULL) {
     GPT2 model;
     DataLoader loader;
     case_open(dir, &c->s, &model, &loader);
@@ -54,6 +55,7 @@ static std::vector<float> run(const char* dir, const ZfCase* c, ZfConfig z, cons
         losses.push_back(zf_train_step(&model, &loader, &zf, t, case_hyper(&c->s)));
     }
     zf_drain(&zf);
+    if (final_params != NULL) { final_params->assign(model.params_memory, model.params_memory + model.num_parameters); }
     zf_cpu_free(&zf, &device);
     dataloader_free(&loader);
     gpt2_free(&model);
@@ -72,9 +74,10 @@ static void test_against_reference(const char* dir) {
         if (accumulations == 2) { printf("  -za %s\n", zf_accumulate_names[tr]); }
         char sel_path[] = "/tmp/zf_selections_XXXXXX";
         make_temp_file(sel_path);
-        std::vector<float> ours = run(dir, &c, z, sel_path);
+        std::vector<float> final_params;
+        std::vector<float> ours = run(dir, &c, z, sel_path, 1, &final_params);
         // near-ties: reference scores within 1e-5 of the boundary score (see the top of this file)
-        check_zf_against_reference(dir, sel_path, ours, 1e-5, accumulations == 2 ? "    " : "  ");
+        check_zf_against_reference(dir, sel_path, ours, final_params, 1e-5, accumulations == 2 ? "    " : "  ");
     }
 }
 
