@@ -334,6 +334,7 @@ static void test_zenflow_invariants(const char* dir) {
                  zf_accumulate_names[tr], windows.size());
         report_same(same_run(first, delayed), what, REPORT_WIDTH);
         int save_at = longest.first - longest.second + 2;  // after the longest window's first step
+        check(save_at > 0 && save_at < c.s.steps, "the checkpoint below would fall outside the run (no resume tested)");
         snprintf(what, sizeof(what), "zenflow U=auto -za %s, checkpoint after step %d and resume",
                  zf_accumulate_names[tr], save_at);
         report_same(same_run(first, zf_run(dir, &c, z, -1, NULL, save_at)), what, REPORT_WIDTH);

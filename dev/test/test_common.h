@@ -319,7 +319,10 @@ static inline std::pair<int, int> longest_window(const std::vector<std::pair<int
 // one line when the reference has any.
 static inline void check_windows(const char* ours_path, const char* ref_path, int up_to, const char* indent) {
     std::vector<std::pair<int, int>> ours = read_windows(ours_path), ref = read_windows(ref_path);
-    if (ref.empty()) { return; }
+    if (ref.empty()) {  // the reference closed no auto U window (fixed U logs none): nor may we
+        check(ours.empty(), "our run logged auto U windows where the reference closed none");
+        return;
+    }
     auto upto = [up_to](std::vector<std::pair<int, int>> w) {
         w.erase(std::remove_if(w.begin(), w.end(), [up_to](std::pair<int, int> x) { return x.first > up_to; }), w.end());
         return w;

@@ -67,7 +67,7 @@ def run_prepare(*args):
 
 def test_known_ids(enc):
     ids = enc.encode("Hello world, this is GPT-2.")
-    want = [15496, 995, 11, 428, 318, 402, 11571, 12, 17, 13]
+    want = [15496, 995, 11, 428, 318, 402, 11571, 12, 17, 13]  # Hugging Face's GPT2Tokenizer, on the same BPE files
     check("known ids: 'Hello world, this is GPT-2.'", ids == want, f"got {ids}, want {want}")
     ids = enc.encode(EOT_TEXT, allowed_special={EOT_TEXT})
     check("known ids: <|endoftext|> as special -> 50256", ids == [50256] and enc.eot == 50256,
