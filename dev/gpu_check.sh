@@ -310,8 +310,7 @@ begin_stage() {
     pack_logs
     # make test's dry run: the command is killed here, as the device tool would at its limit
     [ "${GPU_CHECK_KILL_AT:-}" != "$1" ] || kill -KILL $$
-    now=$(date +%s)
-    STAGE_END=$now
+    now=$(date +%s)  # (the packing's time counts)
     limit=$(( $(stage_limit "$1") * SLOWDOWN ))
     [ $limit -gt $(( TOTAL_S - (now - START) )) ] && limit=$(( TOTAL_S - (now - START) ))
     if [ $limit -le 0 ]; then

@@ -3,11 +3,18 @@ The runner of the Python self-checks (test_reference.py, test_zenflow_reference.
 function of a test module whose name starts with test_, in order; an assert that fails, or
 any exception, fails that one test, prints its traceback, and the others still run. And for the
 trainer tests (test_failures.py, test_output_dir.py): their command line and their check lines.
+And nan_first, for every test's largest error.
 """
+import math
 import os
 import shutil
 import sys
 import traceback
+
+
+def nan_first(d):
+    """max(..., key=nan_first): a nan is the largest (plain max keeps whichever comes first)"""
+    return (math.isnan(d), d)
 
 
 def trainer_case_steps(doc, steps):

@@ -413,10 +413,6 @@ static inline int check_selections(const std::vector<Selection>& ours, const std
     return first_tie;
 }
 
-// A ZenFlow run against its case's reference (case dir `dir`): the selections of our log at
-// sel_path against selections.txt (near-ties within near_tie, see compare_selections), auto
-// U's windows, and the loss of every step up to the first near-tie (check_losses). Prints
-// with `indent`; removes sel_path.
 // The parameters at the end of the run, after the drain (spec 4.7: the window update still
 // pending is applied), against the reference's final.bin: the largest |ours - ref| of every
 // tensor within lr / 10. Absolute, in units of lr, because AdamW moves each element by about
@@ -454,6 +450,10 @@ static inline void check_final_params(const char* dir, const std::vector<float>&
     check(ok, "the parameters after the drain differ from the reference's by more than lr / 10");
 }
 
+// A ZenFlow run against its case's reference (case dir `dir`): the selections of our log at
+// sel_path against selections.txt (near-ties within near_tie, see compare_selections), auto
+// U's windows, the loss of every step up to the first near-tie (check_losses), and the
+// parameters after the drain (check_final_params). Prints with `indent`; removes sel_path.
 static inline void check_zf_against_reference(const char* dir, const char* sel_path, const std::vector<float>& ours,
                                               const std::vector<float>& final_params, double near_tie,
                                               const char* indent) {

@@ -58,7 +58,6 @@ measured its losses up to 1.7e-5 from ours in 10 steps of d12). About a minute h
 of it llm.c's run.
 """
 import argparse
-import math
 import os
 import re
 import shutil
@@ -69,6 +68,7 @@ import tempfile
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts"))
 import bpe  # noqa: E402  scripts/: the tokenizer file's reader
 import data_files  # noqa: E402  scripts/: the token shards' reader and writer
+from runner import nan_first  # noqa: E402  dev/test/: a nan is the largest error
 
 B, T, STEPS, VAL_EVERY, VAL_BATCHES, SAMPLE_EVERY, GEN = 4, 64, 40, 10, 5, 20, 63
 UPDATE_LLMC = "gpt2_update(&model, 1e-4f, 0.9f, 0.999f, 1e-8f, 0.0f, step+1);"
@@ -101,11 +101,6 @@ TRAIN_SHARD = "data/tinyshakespeare/tiny_shakespeare_train.bin"
 VAL_SHARD = "data/tinyshakespeare/tiny_shakespeare_val.bin"
 # our bounds (see above): logits, loss, gradients of test_gpt2.c; the losses of the run
 TOL_LOGITS, TOL_LOSS, TOL_GRAD, TOL_RUN, TOL_RUN_CUDA = 4e-6, 2e-5, 1e-6, 3e-6, 2e-5
-
-
-def nan_first(d):
-    """max(..., key=nan_first): a nan is the largest (plain max keeps whichever comes first)"""
-    return (math.isnan(d), d)
 
 
 def fail(msg):

@@ -76,17 +76,13 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 import gpt2_reference as ref  # noqa: E402
 import zenflow_reference as zr  # noqa: E402
+from runner import nan_first  # noqa: E402  a nan is the largest error
 from test_resume import losses as trainer_losses  # noqa: E402  main.log: {step: loss text}
 
 
 def model_params(path):
-    """the parameters of an llm.c model file (after its header of 256 int32)"""
-    return np.fromfile(path, dtype=np.float32, offset=256 * 4)
-
-
-def nan_first(d):
-    """max(..., key=nan_first): a nan is the largest (plain max keeps whichever comes first)"""
-    return (math.isnan(d), d)
+    """the parameters of an llm.c model file (after its header)"""
+    return np.fromfile(path, dtype="<f4", offset=ref.HEADER_BYTES)
 
 
 def draw_case(seed, i):

@@ -14,11 +14,12 @@ CPU test's trajectory tolerance: both trainers sum in different orders (cuBLAS t
 CPU's loops), which moves the losses by a few 1e-7 per step. Prints one line per mode and
 `trainers_agree: N passed, M failed`.
 """
-import math
 import os
 import subprocess
 import sys
 import tempfile
+
+from runner import nan_first  # a nan is the largest error
 
 STEPS = 12
 TOL = 2e-5
@@ -31,11 +32,6 @@ MODES = {
     "offload, transfers whole (-zp 0)": ["-zo", "offload", "-zp", "0"],
     "zenflow auto U": ["-zo", "zenflow", "-zk", "0.2", "-zu", "auto", "-zs", "6", "-za", "gpu"],
 }
-
-
-def nan_first(d):
-    """max(..., key=nan_first): a nan is the largest (plain max keeps whichever comes first)"""
-    return (math.isnan(d), d)
 
 
 def run(trainer, case, outdir, extra):
