@@ -32,8 +32,8 @@ distance under 1e-6 is called rounding in the message (it would still fail: it m
 case should change, not the tolerance).
 
 Each mode meets one of the three tokenizers a run can have (-k), written here:
-  adamw    the model's own (97 tokens, token i spelled "<i>", <|endoftext|> = 42): the
-           samples start from 42 and print through the table;
+  adamw    the model's own (97 tokens, token i spelled "[i]", <|endoftext|> = 42): the
+           samples start from 42 and print through the table (ids would print as "<i>");
   offload  one of another vocabulary (5 tokens, as GPT-2's is beside a tiny model): put
            aside with a note, samples print ids and start from the model's last id;
   zenflow  none (the file is missing): the same, with the other note.
@@ -130,18 +130,21 @@ def val_losses(output):
 
 
 def write_tokenizer(path, vocab, eot):
-    """a tokenizer file (llmc/tokenizer.h) whose token i is spelled <i>"""
+    """a tokenizer file (llmc/tokenizer.h) whose token i is spelled [i]: not the "<i>" the trainers
+    print for an id without a table, so a sample shows which of the two it went through"""
     with open(path, "wb") as f:
         f.write(ref.make_header(20240328, 2, vocab, eot).tobytes())
         for i in range(vocab):
-            piece = f"<{i}>".encode()
+            piece = f"[{i}]".encode()
             f.write(bytes([len(piece)]) + piece)
 
 
-def trainer_samples(output):
-    """the token ids of each `generating:` block, in order"""
+def trainer_samples(output, table):
+    """the token ids of each `generating:` block, in order: pieces of the test tokenizer's table
+    ([i]) or, without a table, printed ids (<i>); a block with anything else is None"""
+    piece = r"\[(\d+)\]" if table else r"<(\d+)>"
     blocks = re.findall(r"^generating:\n---\n(.*?)\n---$", output, re.M | re.S)
-    return [[int(i) for i in re.findall(r"<(\d+)>", b)] for b in blocks]
+    return [[int(i) for i in re.findall(piece, b)] if re.fullmatch(f"(?:{piece})*", b) else None for b in blocks]
 
 
 def run(argv):
@@ -200,7 +203,7 @@ def main():
             with open(os.path.join(out, "main.log")) as f:  # llm.c's log lines: s:<step> tel:<loss>
                 logged = [(int(a[2:]), float(b[4:])) for a, b in (line.split() for line in f) if b.startswith("tel:")]
             check(logged == vals, f"{mode}: main.log's tel lines are the printed val losses: {logged}")
-            samples = trainer_samples(output)
+            samples = trainer_samples(output, table=note is None)
             # the model's own tokenizer gives <|endoftext|>; without one the trainers take the last id
             eot = tok_eot if note is None else config.vocab_size - 1
             notes = [line for line in output.splitlines() if line.startswith("note: tokenizer")]
@@ -208,10 +211,10 @@ def main():
                 check(notes == [], f"{mode}: the model's own tokenizer, no note (got: {notes})")
             else:
                 check(len(notes) == 1 and note in notes[0], f"{mode}: the note '...{note}' (got: {notes})")
-            check(len(samples) == STEPS // EVERY and all(len(s) == n_tokens for s in samples),
-                  f"{mode}: {len(samples)} samples of {[len(s) for s in samples]} tokens "
+            check(len(samples) == STEPS // EVERY and all(s is not None and len(s) == n_tokens for s in samples),
+                  f"{mode}: {len(samples)} samples of {[None if s is None else len(s) for s in samples]} tokens "
                   f"(want {STEPS // EVERY} of {n_tokens}: -g {GEN} stops at maxT {config.max_seq_len})")
-            if len(samples) != STEPS // EVERY:
+            if len(samples) != STEPS // EVERY or None in samples:
                 continue
             rng = Rng(SEED)
             for k, got in enumerate(samples):
@@ -227,7 +230,7 @@ def main():
             for name in (f"model_{EVERY:08d}.bin", f"state_{EVERY:08d}.bin", f"manifest_{EVERY:08d}.txt"):
                 shutil.copy(os.path.join(out, name), resumed)
             try:
-                again = trainer_samples(run(base + ["-o", resumed, "-y", "1"]))
+                again = trainer_samples(run(base + ["-o", resumed, "-y", "1"]), table=note is None)
             except (RuntimeError, subprocess.TimeoutExpired) as e:
                 check(False, f"{mode} resumed: {e}")
                 continue

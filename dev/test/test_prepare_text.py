@@ -184,6 +184,8 @@ def test_bad_inputs(tmp):
           p.returncode == 1 and error_lines(p) == [f"error: {tmp / 'missing.txt'}: cannot read it (No such file or "
                                                    f"directory) (hint: check the path)"],
           p.stderr.strip())
+    # 342 tokens: <|endoftext|>, then the 341 ids Hugging Face's GPT2Tokenizer gives this text on
+    # the same BPE files
     p = prepare("--out", tmp / "few", "--val-tokens", 100000, good)
     check("too little text for --val-tokens: one line with the count, exit 1, no shard",
           p.returncode == 1 and len(error_lines(p)) == 1 and "342 tokens in all" in error_lines(p)[0]

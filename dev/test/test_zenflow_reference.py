@@ -289,6 +289,16 @@ def adamw_np(p, g, m, v, s, decay, lr=np.float32(1e-2), wd=np.float32(0.1)):
     return p, m, v
 
 
+def oracle_selection(g, k):
+    """4.2 for one matrix: a mask of the n_sel = floor(k * IC + 0.5) columns with the largest
+    squared L2 norm of g (in float64), ties to the lower index"""
+    IC = g.shape[1]
+    score = (g.astype(np.float64) ** 2).sum(axis=0)
+    gpu = np.zeros(IC, dtype=bool)
+    gpu[np.lexsort((np.arange(IC), -score))[:math.floor(k * IC + 0.5)]] = True
+    return gpu
+
+
 def oracle_matrix(p0, grads, k, U, W, overlap):
     """One matrix through spec 4 element by element: one (m, v) per element (an element's
     moments do not care which side holds them), `visible` = the working copy. Returns the
@@ -305,11 +315,8 @@ def oracle_matrix(p0, grads, k, U, W, overlap):
             visible = master.copy()
             seen.append(visible.copy())
             continue
-        if t == W:  # select once: top n by squared L2 column norm (float64), ties low index
-            score = (g.astype(np.float64) ** 2).sum(axis=0)
-            n_sel = math.floor(k * IC + 0.5)
-            gpu = np.zeros(IC, dtype=bool)
-            gpu[np.lexsort((np.arange(IC), -score))[:n_sel]] = True
+        if t == W:
+            gpu = oracle_selection(g, k)
         cpu = ~gpu
         visible[:, gpu], m[:, gpu], v[:, gpu] = adamw_np(visible[:, gpu], g[:, gpu], m[:, gpu],
                                                          v[:, gpu], s, True)
@@ -409,9 +416,14 @@ def test_auto_update_interval():
         zf = zr.ZenFlow(model, zr.Settings(0.25, zr.AUTO, 0, 0, True, U_max), lr=1e-3, wd=0.0)
         for t in range(steps):
             zf.step(t, grads[t])
-        # the oracle: the selection of t = 0 (S = 0: never again) fixes the columns
-        sel = {mx.name: zf.gpu_cols[mx.name].numpy() for mx in mxs}
-        uns = {mx.name: zf.cpu_cols[mx.name].numpy() for mx in mxs}
+        # the oracle: the selection of t = 0 (S = 0: never again) fixes the columns; it is
+        # made here, and the reference's must be the same
+        gpu = {mx.name: oracle_selection(mx.of(grads[0]).numpy(), 0.25) for mx in mxs}
+        sel = {name: np.flatnonzero(mask) for name, mask in gpu.items()}
+        uns = {name: np.flatnonzero(~mask) for name, mask in gpu.items()}
+        for mx in mxs:
+            assert np.array_equal(zf.gpu_cols[mx.name].numpy(), sel[mx.name]), mx.name
+            assert np.array_equal(zf.cpu_cols[mx.name].numpy(), uns[mx.name]), mx.name
         windows, n, close_next = [], 0, False
         A = {mx.name: 0 for mx in mxs}
         c_sum = {mx.name: 0.0 for mx in mxs}
