@@ -279,8 +279,9 @@ int main(int argc, char** argv) {
 
     // ZenFlow's CPU side over one window, with overlap on (zenflow.h, "Threads"): in the
     // U steps of window w+1 the accumulator thread adds w+1's gradients into one A, step by
-    // step, while the updater thread runs window w's AdamW from the other A; each thread's
-    // OpenMP team uses every core, as in the trainer, and both share the memory bus. The host
+    // step, while the updater thread runs window w's AdamW from the other A; the teams are the
+    // trainer's (zf_team_sizes: below 4 cores each takes every core, from 4 on they share all
+    // but one), and both share the memory bus. The host
     // keeps up when the two are done within U training steps, so U jobs are queued at once
     // here and the window takes as long as both need together. With GPU accumulation (-za gpu)
     // the GPU adds the window up, and the host runs the update alone. Not included: the bus
@@ -293,7 +294,12 @@ int main(int argc, char** argv) {
     AccumulateArgs acc_jobs[2];
     for (int j = 0; j < 2; j++) { acc_jobs[j] = AccumulateArgs{w.acc, w.g, window_n, j == 0}; }
     state.count = window_u;
-    ZfWorker* acc_thread = zf_worker_create(all);
+    int upd_cpu, acc_cpu, upd_gpu, no_acc;  // -za cpu runs both threads, -za gpu the updater alone
+    zf_team_sizes(all, 1, &upd_cpu, &acc_cpu);
+    zf_team_sizes(all, 0, &upd_gpu, &no_acc);
+    ZfWorker* acc_thread = zf_worker_create(acc_cpu);
+    ZfWorker* u_cpu = zf_worker_create(upd_cpu);
+    ZfWorker* u_gpu = zf_worker_create(upd_gpu);
     std::vector<double> both, upd_alone, acc_alone;
     for (int r = 0; r <= reps; r++) {  // r = 0 warms up the accumulator's thread pool
         double t0 = now_s();
@@ -303,13 +309,13 @@ int main(int argc, char** argv) {
         }
         zf_worker_wait(acc_thread, last);
         double t1 = now_s();
-        zf_worker_wait(u, zf_worker_submit(u, window_update_job, &state));
+        zf_worker_wait(u_gpu, zf_worker_submit(u_gpu, window_update_job, &state));
         double t2 = now_s();
-        long tu = zf_worker_submit(u, window_update_job, &state);
+        long tu = zf_worker_submit(u_cpu, window_update_job, &state);
         for (int step = 0; step < window_u; step++) {
             last = zf_worker_submit(acc_thread, accumulate_job, &acc_jobs[step == 0 ? 0 : 1]);
         }
-        zf_worker_wait(u, tu);
+        zf_worker_wait(u_cpu, tu);
         zf_worker_wait(acc_thread, last);
         double t3 = now_s();
         if (r == 0) { continue; }
@@ -318,13 +324,18 @@ int main(int argc, char** argv) {
         both.push_back(t3 - t2);
     }
     double ms_acc = median_ms(acc_alone), ms_upd = median_ms(upd_alone), ms_both = median_ms(both);
-    printf("\nZenFlow's CPU side, one window of U = %d steps, n = %zu CPU-owned elements, %d threads each, median:\n"
-           "  %d accumulations alone %.1f ms, the window update alone %.1f ms (-za gpu: the host's whole window),\n"
-           "  both at the same time on their two threads %.1f ms (-za cpu)\n",
-           window_u, window_n, all, window_u, ms_acc, ms_upd, ms_both);
+    printf("\nZenFlow's CPU side, one window of U = %d steps, n = %zu CPU-owned elements, median:\n"
+           "  %d accumulations alone %.1f ms (%d threads), the window update alone %.1f ms (%d threads;\n"
+           "  -za gpu: the host's whole window), both at the same time on their two threads %.1f ms\n"
+           "  (%d + %d threads; -za cpu)\n",
+           window_u, window_n, window_u, ms_acc, acc_cpu, ms_upd, upd_gpu, ms_both, upd_cpu, acc_cpu);
     printf("RESULT window_u %d\nRESULT window_n %zu\nRESULT window_accumulate_ms %.3f\n"
            "RESULT window_update_ms %.3f\nRESULT window_both_ms %.3f\n", window_u, window_n, ms_acc, ms_upd, ms_both);
+    printf("RESULT window_updater_threads %d\nRESULT window_accumulator_threads %d\n"
+           "RESULT window_updater_alone_threads %d\n", upd_cpu, acc_cpu, upd_gpu);
     int rc = zf_worker_destroy(acc_thread);
+    rc = rc != 0 ? rc : zf_worker_destroy(u_cpu);
+    rc = rc != 0 ? rc : zf_worker_destroy(u_gpu);
     int rc_u = zf_worker_destroy(u);
     free(state.arena);
     free(w.arena);

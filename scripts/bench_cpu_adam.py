@@ -93,16 +93,18 @@ def bench_torch(n, reps, threads):
     return n / min(times), n / statistics.median(times)
 
 
-def window_table(r, topk, U, threads):
+def window_table(r, topk, U):
     """ZenFlow's CPU side per window, scaled from n elements to each model's CPU-owned ones.
     The host keeps up when a window's work fits in U training steps: the update of window w
     must be done at the boundary that closes w + 1 (zenflow.h waits for it there), and the
     accumulations of w + 1 run meanwhile."""
     both, update, n = r["window_both_ms"], r["window_update_ms"], int(r["window_n"])
-    print(f"\nZenFlow's CPU side on this host: one window of U = {U} steps at k = {topk}, {threads} "
-          f"threads per team.\n"
-          f"-za cpu: {U} accumulations and the window's AdamW at the same time; -za gpu: the "
-          f"AdamW alone.\n"
+    upd, acc, alone = (int(r[k]) for k in ("window_updater_threads", "window_accumulator_threads",
+                                           "window_updater_alone_threads"))
+    print(f"\nZenFlow's CPU side on this host: one window of U = {U} steps at k = {topk}, the "
+          f"trainer's OpenMP teams.\n"
+          f"-za cpu: {U} accumulations ({acc} threads) and the window's AdamW ({upd}) at the same "
+          f"time; -za gpu: the AdamW alone ({alone}).\n"
           f"Measured on n = {n} elements and scaled to each model's CPU-owned elements (the work "
           f"streams\nthrough memory, so its time grows with them). The CPU side keeps up only "
           f"with training steps at\nleast window / U long:")
@@ -187,7 +189,7 @@ def main():
           " ceiling for this access pattern. 'back to back': arrays exactly 2^k bytes apart.)")
     print(f"\nupdater job + main-thread AdamW at the same time vs one after the other: "
           f"{r['overlap_par_ms']:.1f} ms vs {r['overlap_seq_ms']:.1f} ms")
-    window_table(r, args.topk, args.u, cthreads)
+    window_table(r, args.topk, args.u)
     print("\n--- C++ benchmark output ---")
     print("\n".join(l for l in out.splitlines() if not l.startswith("RESULT ")))
     return 0

@@ -149,9 +149,9 @@ mem_available_mib() { awk '/^MemAvailable:/ { printf "%d", $2 / 1024 }' /proc/me
 MEM_AT_START="MemTotal $(awk '/^MemTotal:/ { printf "%d", $2 / 1024 }' /proc/meminfo 2>/dev/null) MiB, MemAvailable $(mem_available_mib) MiB"
 
 # run_trainer MODEL_FILE MODE CSV LOG
-# -zs 0: zenflow selects once, at step 1 (a warm-up step), and never reselects, so it needs no
-# migration buffers (zenflow.h would write 11 GB of them at start on d48); what a
-# reselection costs is measured apart (docs/results/README.md, item 11)
+# -zs 0: zenflow selects once, at its first step (one of the --warmup steps, not measured),
+# and never reselects, so it needs no migration buffers (zenflow.h would write 11 GB of them
+# at start on d48); what a reselection costs is measured apart (docs/results/README.md, item 11)
 run_trainer() {
     # shellcheck disable=SC2046
     timeout --kill-after=10 600 "$BIN" -e "$1" -i "$TRAIN" -j "$VAL" -b $B -t $T -x $((WARMUP + STEPS)) \
