@@ -10,7 +10,7 @@ the end is the measurement (the last full run: docs/testing.md, "Mutation testin
 A survivor is either a gap to close with a test, or a change that cannot alter any result
 (an "equivalent" mutant), which the list then says and drops.
 
-  python3 dev/mutants.py                 all mutants (about an hour on two idle cores, more on a busy one)
+  python3 dev/mutants.py                 all mutants (about 80 minutes on two idle cores, more on a busy one)
   python3 dev/mutants.py --only C3,G2    some of them
   python3 dev/mutants.py --list          the list, nothing run
   python3 dev/mutants.py --check         only whether every mutation still applies (seconds)
@@ -43,8 +43,9 @@ Suites (what "the tests named" means), each a subset of make test:
   race   dev/test/test_races.sh: the CUDA test (tiny) and trainer (offload, zenflow) built with
          ThreadSanitizer on the emulator, schedule eager (no number depends on a missing wait
          there): fails on any race TSan sees between warps, blocks, streams and host threads
-  random dev/test/test_random_cases.py, CPU tests only (test_gpt2cpu, test_zenflow): 24 cases of
-         random shapes, C and B*T off the multiples of 16 and 8 the fixed cases all have
+  random dev/test/test_random_cases.py, CPU only (test_gpt2cpu, test_zenflow and the CPU trainer,
+         whose final model file is checked): 24 cases of random shapes, C and B*T off the
+         multiples of 16 and 8 the fixed cases all have
   noalg  the CUDA test (tiny) on the emulator whose cuBLASLt offers no algorithm with a bias
          epilogue, then none in TF32 (EMU_NO_ALGORITHM): the fallbacks must still match
   kernels every dev/cuda program on the emulator (make test's emu_dev_cuda), each kernel
