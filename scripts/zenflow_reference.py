@@ -123,7 +123,7 @@ class Settings:
 AUTO = 0  # Settings.U for the auto update interval (spec 6)
 
 
-def settings_for_mode(mode, k=0.1, U=4, S=0, W=0, overlap=True, U_max=16):
+def settings_for_mode(mode, k=0.1, U=4, S=100, W=0, overlap=True, U_max=16):
     """adamw and offload ignore the zenflow settings (spec 2)."""
     if mode == "adamw":
         return Settings(k=1.0, U=1, S=0, W=0, overlap=False)
@@ -256,7 +256,7 @@ class ZenFlow:
 
     @torch.no_grad()
     def finish(self):
-        """4.7 end of training (and before a checkpoint or an evaluation): drain."""
+        """4.7 end of training: drain (a checkpoint or an evaluation does not: spec section 10)."""
         self.drain()
 
     # 4.2 selection ------------------------------------------------------------
