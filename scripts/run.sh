@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `make run`: train on tinyshakespeare. On a machine with an NVIDIA GPU this runs the CUDA
 # trainer on GPT-2 124M's shape (d12, random init); otherwise the CPU reference trainer on
-# a small model (4 layers, 256 channels), about 0.3 seconds a step on 2 cores.
+# a small model (4 layers, 256 channels), 0.3 to 0.5 seconds a step on 2 cores.
 # Extra arguments go to the trainer, e.g. `make run ARGS="-x 100"`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
