@@ -281,9 +281,9 @@ int main(int argc, char** argv) {
     // U steps of window w+1 the accumulator thread adds w+1's gradients into one A, step by
     // step, while the updater thread runs window w's AdamW from the other A; the teams are the
     // trainer's (zf_team_sizes: below 4 cores each takes every core, from 4 on they share all
-    // but one), and both share the memory bus. The host
-    // keeps up when the two are done within U training steps, so U jobs are queued at once
-    // here and the window takes as long as both need together. With GPU accumulation (-za gpu)
+    // but one), and both share the memory bus. The host keeps up when the two are done within
+    // U training steps, so U jobs are queued at once here and the window takes as long as both
+    // need together. With GPU accumulation (-za gpu)
     // the GPU adds the window up, and the host runs the update alone. Not included: the bus
     // traffic of the copy engines, which write each step's gradients into host memory
     // (-za cpu) and read the window's result. The arrays hold window_n elements each, 512 MB

@@ -57,13 +57,17 @@ static inline void check_far_loss(float loss) {
     check(ok, "the loss of a target far below the max is not log(sum) - (x_target - max)");
 }
 
+// err is worse than the worst so far: larger, or nan (a nan, once there, stays: nothing is
+// larger than nan, and the first nan's place is kept); every checker's largest error
+static inline int worse_error(double err, double worst) { return !isnan(worst) && (isnan(err) || err > worst); }
+
 // max |a - b| and max |b| over n elements
 static inline void max_errors(const float* a, const float* b, size_t n, double* max_abs, double* max_ref) {
     *max_abs = 0.0;
     *max_ref = 0.0;
     for (size_t i = 0; i < n; i++) {
         double d = fabs((double)a[i] - (double)b[i]);
-        if (isnan(d) || d > *max_abs) { *max_abs = d; }  // a nan stays: nothing is > nan
+        if (worse_error(d, *max_abs)) { *max_abs = d; }
         double r = fabs((double)b[i]);
         if (r > *max_ref) { *max_ref = r; }
     }
@@ -234,7 +238,7 @@ static inline void check_losses(const char* dir, const std::vector<float>& ours,
     int compared = 0;
     for (size_t t = 0; t < ref.size() && t < ours.size() && (int)t <= up_to; t++) {
         double err = fabs((double)ours[t] - ref[t]);
-        if (isnan(err) || err > worst) { worst = err; }  // a nan stays: nothing is > nan
+        if (worse_error(err, worst)) { worst = err; }
         if (verbose) { printf("%sstep %2zu  loss ours %.6f  ref %.6f  |err| %.2e\n", indent, t, ours[t], ref[t], err); }
         compared++;
     }
@@ -441,7 +445,7 @@ static inline void check_final_params(const char* dir, const std::vector<float>&
     for (int i = 0; i < NUM_PARAMETER_TENSORS && at + sizes[i] <= ours.size(); at += sizes[i], i++) {
         double max_abs, max_ref;
         max_errors(ours.data() + at, ref + at, sizes[i], &max_abs, &max_ref);
-        if (isnan(max_abs) || max_abs > worst) { worst = max_abs, worst_tensor = i; }
+        if (worse_error(max_abs, worst)) { worst = max_abs, worst_tensor = i; }
     }
     free(ref);
     int ok = worst <= ZF_FINAL_TOL_LR * lr;

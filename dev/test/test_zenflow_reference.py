@@ -303,7 +303,6 @@ def oracle_matrix(p0, grads, k, U, W, overlap):
     """One matrix through spec 4 element by element: one (m, v) per element (an element's
     moments do not care which side holds them), `visible` = the working copy. Returns the
     working copy after every step and after the final drain."""
-    OC, IC = p0.shape
     visible, master = p0.copy(), p0.copy()
     m, v = np.zeros_like(p0), np.zeros_like(p0)
     A, n, pending, gpu = np.zeros_like(p0), 0, False, None
