@@ -1,9 +1,9 @@
 /*
 ZenFlow on the GPU: the CUDA backend (ZfBackend) of zenflow.h, which decides WHAT happens in a
-step; this file says how a GPU does each part, in the order a default step calls it: zero the
-gradients (spec 7), AdamW on the GPU-owned columns (4.3), the CPU-owned gradient columns to
-the host (4.4), the CPU's result back (4.6); then the selection (4.2), the options, setup and
-the stall measurement (8).
+step; this file says how a GPU does each part, in the spec's order: zero the gradients (spec
+7), AdamW on the GPU-owned columns (4.3), the CPU-owned gradient columns to the host (4.4; per
+layer, most leave during the backward, before the AdamW), the CPU's result back (4.6); then
+the selection (4.2), the options, setup and the stall measurement (8).
 
 The device sees each side's columns of a matrix as a COLUMN SET (ZfColumnSet); the packed
 layouts, with W[o, col_r] the element in row o of the set's r-th column:
@@ -40,7 +40,7 @@ typedef struct {
     ZfColumnSet* sets;     // (num_sets) device
     long long* start;      // (num_sets + 1) device: the prefix sums of the sets' blocks
     int num_sets;
-    const int* order;      // (every matrix's cols) device
+    const int* order;      // (every matrix's cols; the vectors' grid: 1) device
     ZfColumnSet* h_sets;   // ... host mirrors of sets and start
     long long* h_start;
 } ZfGrid;
@@ -115,7 +115,7 @@ typedef struct {
     ZfGroupRange* groups;  // (num_groups + 1) host: transfer group g's; [num_groups]: all of them
     // 4.3: the GPU's optimizer state: every vector, then each matrix's selected columns
     float* m;  // (vector_elems + gpu_capacity) device, row by row per matrix (see the top)
-    float* v;
+    float* v;  // (vector_elems + gpu_capacity) device, as m
     // transfers (spec 7)
     cudaStream_t d2h, h2d;
     ZfStaging staging[2];
@@ -205,8 +205,8 @@ __device__ inline ZfTile zf_tile_of_block(ZfGrid g, long long b) {
     return t;
 }
 
-// one thread per element of a grid's sets: the selected columns (m, v: after the vectors'
-// moments), or the vectors (m, v: their moments, at the start); llmc/adamw.h's formula
+// llmc/adamw.h's formula on a grid's sets, a chunk of ZF_CHUNK elements per block (4 a thread):
+// the selected columns (m, v: after the vectors' moments), or the vectors (m, v: at the start)
 __global__ void zf_adam_columns_kernel(float* __restrict__ params,       // (num_parameters)
                                        const float* __restrict__ grads,  // (num_parameters)
                                        float* __restrict__ m,            // (the grid's elements) row by row
@@ -245,7 +245,7 @@ __global__ void zf_gather_columns_kernel(float* __restrict__ packed,      // (cp
     }
 }
 
-// the gather's inverse: packed column r0 + j, row o0 + tx -> W[o0 + j, col(r0 + tx)]
+// the gather's inverse, through the same tiles: packed column r, row o -> W[o, col(r)]
 __global__ void zf_scatter_columns_kernel(float* __restrict__ full,          // (num_parameters)
                                           const float* __restrict__ packed,  // (cpu_elems)
                                           ZfGrid cpu, long long first_tile) {
@@ -372,7 +372,7 @@ static void zf_cuda_grads_to_host(void* ctx, const ZenFlow* zf, float* host, int
     zf_cuda_copy(dev, st, host, r.at, r.n, 1, "gradient columns");
 }
 
-// zenflow.h (its jobs, a selection) calls this before touching a host buffer a copy may use
+// zenflow.h calls this before touching a host buffer a copy may use (each has a fence: setup)
 static void zf_cuda_host_wait(void* ctx, const float* host) {
     ZfCudaDevice* dev = (ZfCudaDevice*)ctx;
     for (int i = 0; i < dev->num_fences; i++) {

@@ -88,7 +88,7 @@ typedef struct {
     int n_sel;            // columns the GPU owns now: zf_n_sel, floor(k * IC + 0.5) (0 during warm-up)
     int* cols_by_owner;   // (cols): the n_sel selected columns ascending, then the rest ascending
     size_t cpu_offset;    // where its CPU-owned columns start in the packed CPU buffers
-    size_t gpu_offset;    // where its GPU-owned columns start in the packed GPU moments
+    size_t gpu_offset;    // where its GPU-owned columns start in the GPU moments, after vector_elems
 } ZfMatrix;
 
 // a contiguous run of vector parameters (one 1-D tensor, e.g. all L layers' ln1w)
@@ -98,10 +98,10 @@ typedef struct {
 
 struct ZenFlow;
 
-// What a device does, in the order a step calls it. `group`: -1 moves every CPU-owned column,
-// g >= 0 transfer group g's (0: wte and wpe, 1 + l: layer l's four matrices). "asynchronous":
-// the host buffer may be read (grads_to_host) or written (params_from_host) only once
-// host_wait on it has returned. Entries marked optional may be NULL.
+// What a device does, in the spec's order (per layer, most gradient columns leave during the
+// backward). `group`: -1 moves every CPU-owned column, g >= 0 transfer group g's (0: wte, wpe;
+// 1 + l: layer l's four matrices). "asynchronous": a host buffer may be read (grads_to_host) or
+// written (params_from_host) once host_wait on it has returned. Optional entries may be NULL.
 typedef struct {
     void* ctx;
     // the step: zero the gradients before the backward (all = 0: only the GPU-owned parts,
@@ -164,14 +164,14 @@ typedef struct {
 
 typedef struct {  // ownership (spec 1, 3)
     int num_matrices;
-    ZfMatrix* matrices;
+    ZfMatrix* matrices;    // (num_matrices)
     int num_vectors;
     ZfVector vectors[NUM_PARAMETER_TENSORS];
     size_t vector_elems;   // all vector parameters: the first part of the GPU moments
     size_t matrix_elems;   // M: all matrix elements
     size_t cpu_elems;      // matrix elements the CPU owns now
     size_t gpu_sel_elems;  // matrix elements the GPU owns now
-    size_t cpu_capacity, gpu_capacity;  // the most either side can own: the buffers' sizes
+    size_t cpu_capacity, gpu_capacity;  // the most either side can own (the GPU moments: + vector_elems)
     int total_cols;        // every matrix's cols (the scores)
     int num_groups;        // transfer groups (spec 7): 1 + L
     int* group_mats;       // (num_matrices) the matrices group by group: group g's are
@@ -213,9 +213,9 @@ typedef struct {  // selection (4.2)
 } ZfSelection;
 
 typedef struct {  // per-layer pipelining (spec 7)
-    float* early_dest;       // this step's gradient columns leave layer by layer into this buffer
+    float* early_dest;       // (cpu_capacity) this step's gradient columns leave layer by layer into it
     int next_group;          // ... the next to leave (num_groups - 1 down to 0)
-    const float* apply_src;  // a synchronous update waits to be applied layer by layer (NULL: none)
+    const float* apply_src;  // (cpu_capacity) a synchronous update to apply layer by layer (NULL: none)
     int next_apply_group;    // ... from this group on
 } ZfPipeline;
 
@@ -363,7 +363,7 @@ static inline void zf_backward_layer_done(ZenFlow* zf, int l) {
 }
 
 // ----------------------------------------------------------------------------
-// the step: after the backward pass of step t has produced g_t
+// the step: once the backward pass of step t has produced g_t (on a GPU: has been queued)
 
 // 4.4: g_t's CPU-owned columns (-za gpu: A) to `host`, all at once. If the layers' columns
 // left during the backward (early_dest is `host`), only group 0 is left: the embeddings, whose
@@ -439,7 +439,7 @@ static inline void zf_select(ZenFlow* zf, int t) {
     const ZfBackend* be = &zf->backend;
     ZfOwnership* own = &zf->own;
     ZfSelection* sel = &zf->sel;
-    // 4.2.1 drain (zf_drain, at the end of the default step): the working copy then equals the
+    // 4.2.1 drain (zf_drain, the default step's last function): the working copy then equals the
     // CPU master on every CPU-owned column, and the CPU threads are idle: the layouts change now
     zf_drain(zf);
     // keep the old ownership; the GPU's moments of its old columns come to the host, unless
@@ -571,9 +571,9 @@ static inline void zf_step(ZenFlow* zf, int t, ZfAdamHyper hyper) {
     // 4.5 the boundary: the window of n steps closes, and the next starts with n = 0
     const int n = zf_window_step(zf, t);
     if (n == 0) { return; }
-    // 4.6 apply window w-1's result; its update has read acc_job, free now. Freeze window w's A
-    // in acc_job (this step's accumulation still adds into it) for the updater, which waits for
-    // that accumulation. The next window's first accumulation writes acc = 0 + g: the spec's A = 0.
+    // 4.6 apply window w-1's result; its update has read acc_job, free now. Window w's A becomes
+    // acc_job, for the updater, which first waits for this step's accumulation (still adding into
+    // it). The next window's first accumulation writes acc = 0 + g: the spec's A = 0.
     zf_wait_and_apply(zf);
     std::swap(zf->win.acc, zf->win.acc_job);
     zf_submit_window(zf, accumulation, n, s, hyper);

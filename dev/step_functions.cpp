@@ -2,8 +2,9 @@
 // -finstrument-functions (dev/step_functions.sh does both), these hooks note every function
 // entered from the STEP_FUNCS_STEP-th call of the function at address STEP_FUNCS_MARK
 // (zf_before_backward: the start of a step's backward) up to the next one (on the worker
-// threads up to the fourth next), each function once, in the order of its first entry. At exit the addresses go to STEP_FUNCS_OUT,
-// one line each: "<address> <thread>" (thread 0: the main thread; then in order of appearance).
+// threads up to the end of the run), each function once, in the order of its first entry. At
+// exit the addresses go to STEP_FUNCS_OUT, one line each: "<address> <thread>" (thread 0: the
+// main thread; then in order of appearance).
 // Plain arrays and a pthread mutex: the hooks run before any constructor does (static
 // initialization calls instrumented functions too).
 #include <pthread.h>
@@ -52,11 +53,12 @@ NO_HOOK static void note(void* fn) {
         atexit(dump);
     }
     if (fn == g_mark) { g_marks++; }
-    // the main thread: this step; the worker threads: also the next three (a window update
-    // handed over in this step runs in the background while they train)
+    // the main thread: this step; the worker threads: to the end of the run, since a window
+    // update handed over in this step runs in the background for as long as the host takes
+    // (a cut after a fixed number of steps lost its AdamW on a busy host). Later steps hand
+    // them the same two jobs, so nothing enters the list that this step's jobs do not run.
     const int thread = thread_index();
-    const long last = thread == 0 ? g_step : g_step + 3;
-    if (g_marks < g_step || g_marks > last || g_num_seen == MAX_SEEN) { return; }
+    if (g_marks < g_step || (thread == 0 && g_marks > g_step) || g_num_seen == MAX_SEEN) { return; }
     for (int i = 0; i < g_num_seen; i++) {
         if (g_seen[i] == fn) { return; }
     }

@@ -4,7 +4,8 @@
 # dev/step_functions.cpp's hooks, trains a small model; every function of zenflow.h,
 # zenflow.cuh, cpu_adam.cpp and llmc/adamw.h entered during one step (from its
 # zf_before_backward to the next step's; on the CPU's worker threads, whose jobs run in the
-# background, up to the fourth next) is listed in the order of its first entry, with its thread. docs/teaching.md, section 5.2, is this list.
+# background, to the end of the run) is listed in the order of its first entry, with its
+# thread. docs/teaching.md, section 5.2, is this list.
 #
 #   bash dev/step_functions.sh [--step T] [ZenFlow flags ...]
 #

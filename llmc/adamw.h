@@ -42,8 +42,8 @@ ADAMW_HOST_DEVICE static inline void adamw_one(float* p, float* m, float* v, flo
     float mhat = mi / c.bc1;
     float vhat = vi / c.bc2;
     float pi = *p;
-    // wd*p is computed even when wd == 0: skipping it could flip the sign of a zero update
-    // and so differ from the reference in the last bit (-0 vs +0)
+    // wd*p is computed even when wd == 0, as spec 3.1 writes it (for a finite p, skipping it
+    // changes no bit: at most a zero update's sign, which p - lr * update does not show)
     *p = pi - c.lr * (mhat / (sqrtf(vhat) + c.eps) + c.wd * pi);
     *m = mi;
     *v = vi;
