@@ -139,7 +139,7 @@ struct ZfWorker {
     long finished = 0;              // jobs finished or skipped: ticket t is done iff t < finished
     int error = 0;                  // first non-zero job status, sticky
     bool stop = false;              // set by destroy once the queue should end
-    // read only by the worker thread after creation:
+    // set before the thread starts, then the worker's alone (thread: create's and destroy's):
     int omp_threads = 0;
     long delay_max_us = 0;
     uint64_t rng = 0;

@@ -708,14 +708,13 @@ void gpt2_free(GPT2* model) {
 // trainer's versions are in zenflow.cuh). Here the "GPU" is simply the model's own
 // buffers. The GPU-side moments live in the model's layout (one m and v per parameter,
 // meaningful where the "GPU" owns the element), so in adamw mode the GPU-side AdamW is one
-// flat pass; they are packed into zenflow.h's layout only when ownership moves and at a
-// checkpoint. AdamW is
-// elementwise, so the layout cannot change a single bit.
+// flat pass per tensor, with no gather; they are packed into zenflow.h's layout only when
+// ownership moves and at a checkpoint. AdamW is elementwise, so the layout cannot change a bit.
 
 typedef struct {
     GPT2* model;
     float* gpu_m;    // (num_parameters) in the model's layout
-    float* gpu_v;
+    float* gpu_v;    // (num_parameters) in the model's layout
 } CpuDevice;
 
 // packed[r * rows + o] = full[o * cols + order[r]] for the columns order[0..count): a

@@ -695,7 +695,8 @@ static void zf_cuda_grads_from_host(void* ctx, const ZenFlow* zf, const float* h
 
 static void zf_cuda_host_blocks(void* ctx, int begin);
 
-// pins a host buffer that asynchronous copies use, and gives it a fence
+// gives a host buffer that zenflow.h may host_wait on a fence, which each asynchronous copy into
+// or out of it records (one never recorded: host_wait returns at once); pins it if `pin` is set
 static void zf_cuda_add_fence(ZfCudaDevice* dev, const float* host, size_t bytes, int pin) {
     if (host == NULL) { return; }
     if (dev->num_fences == ZF_MAX_FENCES) { fatal("zenflow.cuh: too many host buffers (ZF_MAX_FENCES)"); }
@@ -844,7 +845,8 @@ static void zf_cuda_init(ZenFlow* zf, ZfCudaDevice* dev, float* params, float* g
     dev->grads_stage = &dev->staging[0];
     dev->params_stage = two ? &dev->staging[1] : &dev->staging[0];
     dev->staging_bytes = (two ? 2 : 1) * own->cpu_capacity * sizeof(float);
-    // host buffers that copies touch; pinned where they carry the traffic
+    // the host buffers zenflow.h waits on (without a fence, host_wait would wait for both copy
+    // streams); pinned where copies carry traffic: every step's, and the selection's moments
     size_t bytes = own->cpu_capacity * sizeof(float);
     int gpu_acc = c->accumulate == ZF_ACCUMULATE_GPU;
     zf_cuda_add_fence(dev, zf->cpu.master, bytes, 1);

@@ -240,7 +240,7 @@ typedef struct {  // measurement and reporting
     double select_ms;        // host time of the last zf_step's selection, 0 if none
     double cpu_update_ms;    // duration of the last finished window update ...
     long cpu_updates, cpu_updates_shown;  // ... how many have finished, and been reported
-    long long cpu_work_us;   // all CPU optimizer work so far; both threads add (atomically)
+    long long cpu_work_us;   // all CPU optimizer work so far; every thread that runs a job adds
     int stall_depth;         // zf_stall_begin's nesting (a selection drains the CPU side)
     int failed_step;         // the step whose job a fault injection failed
     long groups_out, groups_in;  // transfer groups moved layer by layer so far
@@ -766,9 +766,10 @@ static inline void zf_step_gpu_sum(ZenFlow* zf, int t, ZfAdamHyper hyper) {
 // ----------------------------------------------------------------------------
 // auto U (spec 6): at the end of a step that does not close its window the device sums |g|
 // over each matrix's GPU-owned elements (c), and |A| over its CPU-owned ones (u) is summed on
-// the device (-za gpu) or by a job on the accumulator thread (-za cpu); one step
-// later (they were ready long ago) zf_auto_closes reads them: the window closes at the next
-// step once 99% of the matrices have u >= the window's mean c, or after U_max steps.
+// the device (-za gpu) or by a job after the step's accumulation (-za cpu: on the accumulator
+// thread, or at once without overlap); one step later (they were ready long ago) zf_auto_closes
+// reads them: the window closes at the next step once max(1, floor(0.99 * matrices)) have
+// u >= the window's mean c (all but one below 100 matrices), or after U_max steps.
 
 // sum of |x[i]| over n floats, in double: fixed chunks summed in order, so the result does
 // not depend on how many threads there are (an OpenMP reduction's would)
@@ -1270,7 +1271,8 @@ static inline void zf_stall_end(ZenFlow* zf, double t0, const char* what) {
     trace_event(TRACE_WAIT, what, t0, now_ms());
 }
 
-// CPU optimizer work, added up by both threads (atomically), and on the timeline
+// CPU optimizer work, added up by whichever thread runs the job (the two workers at once,
+// hence atomically; the main thread when synchronous), and on the timeline
 static inline double zf_cpu_work_done(ZenFlow* zf, TraceTrack track, const char* what, double t0) {
     double t1 = now_ms();
     __atomic_add_fetch(&zf->stats.cpu_work_us, (long long)((t1 - t0) * 1e3), __ATOMIC_RELAXED);
@@ -1348,11 +1350,12 @@ static inline void zf_print_step_stats(ZenFlow* zf) {
     "               per window) (default cpu)\n" \
     "  -zp <0|1>    move the transfers layer by layer, overlapping the backward / forward pass\n" \
     "               (same numbers either way; default 1)\n" \
-    "  -zl <string> write every selection (columns and scores) to this file\n" \
+    "  -zl <string> write every selection (columns and scores), and with -zu auto every\n" \
+    "               window's close, to this file\n" \
     "  -zd <string> write every step's column scores to this file (CPU trainer; the locality study)\n" \
     "  -zm <string> write per-step measurements as CSV to this file (CUDA trainer)\n" \
     "Step line: loss of the batch before the update; cpu = the last window update's CPU time and\n" \
-    "moved = columns that moved to the GPU at the last selection, each shown when it changes;\n" \
+    "moved = columns that moved to the GPU at the last selection, each on the step with a new one;\n" \
     "(CUDA) stall = ms the GPU waited for a copy or the CPU side, pcie = MB moved both ways.\n"
 
 // The ZenFlow config of the -z<letter> flags (z[letter - 'a'], NULL: not given). The letters
@@ -1394,7 +1397,7 @@ static inline ZfConfig zf_parse_flags(const char* const z[26], const char* train
                 break;
             case 'p': c.pipeline = (int)parse_int(flag, val, 0, 1); break;
             case 'l':
-                check_output_file(flag, val, out_dir);  // opened at the first selection (zf_selection_log)
+                check_output_file(flag, val, out_dir);  // opened at its first line (zf_selection_log)
                 c.selection_log = val;
                 break;
             default: fatal("unknown flag %s (hint: -h lists the flags)", flag);
