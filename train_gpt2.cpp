@@ -1073,7 +1073,7 @@ int main(int argc, char* argv[]) {
     zf_cpu_init(&zf, &device, &model, zcfg);
     zcfg = zf.cfg;  // as the mode sets it
 
-    run_dir_open(&run);  // only once every check has passed: the lock, and a run already there
+    run_dir_open(&run);  // once the checks before it have passed: the lock, and a run already there
 
     model.zf = &zf;
     zf_print_config(&zf);

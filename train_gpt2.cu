@@ -548,7 +548,7 @@ int main(int argc, char* argv[]) {
     gpt2_allocate(&model, B, T);
     print_memory_table(&model, &zf);
 
-    run_dir_open(&run);  // only once every check has passed: the lock, and a run already there
+    run_dir_open(&run);  // once the checks before it have passed: the lock, and a run already there
 
     ZfAdamHyper hyper = {args.lr, 0.9f, 0.95f, 1e-8f, args.weight_decay};
     uint64_t rng = (uint64_t)args.seed;  // the sampler's state, as in llm.c (train_gpt2.cpp says why)

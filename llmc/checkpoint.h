@@ -19,10 +19,12 @@ guarantees: one run at a time per directory, and no run loses or mixes another's
   process dies, so a kill -9 leaves no stale lock.
 - A new run into a directory that holds one is refused (-y 1 continues it, -y 2 replaces it).
 - SIGINT and SIGTERM stop at the next step boundary (the validation and the sampling look
-  too) with a checkpoint, and exit with 128 + the signal's number.
+  too) with a checkpoint once a step has trained (at the step a run resumed at, the one it
+  resumed from stays), and exit with 128 + the signal's number.
 
 Call order in main: run_dir_begin (before the model is built: it names the model file),
-run_dir_open (once every other check has passed), run_dir_resume (once the optimizer exists).
+run_dir_open (once the checks before it have passed), run_dir_resume (once the optimizer
+exists; a -y 1 its own checks refuse has taken the lock and removed stale .tmp files).
 */
 #ifndef LLMC_CHECKPOINT_H
 #define LLMC_CHECKPOINT_H
@@ -345,7 +347,8 @@ static inline void run_dir_remove(const char* dir, const char* name, std::string
 // stopping: SIGINT (Ctrl-C) and SIGTERM (timeout, docker stop, a cluster's scheduler). The
 // handler only records the signal; the training loop looks at each step boundary, and the
 // validation and sampling loops at each batch and token, then calls run_dir_stop. A second
-// signal exits at once (_exit: a checkpoint being written stays a .tmp, and the trace unclosed).
+// signal exits at once (_exit: a checkpoint being written gets no manifest, so it does not count;
+// its files already renamed stay, the one in progress stays a .tmp; the trace is left unclosed).
 
 static volatile sig_atomic_t g_stop_signal = 0;
 
@@ -415,12 +418,12 @@ static inline int run_dir_next_candidate(RunDir* run) {
     return 0;
 }
 
-// 1 if a checkpoint of run->steps has its manifest: its write finished (a kill before that
+// 1 if a checkpoint of `steps` in dir has its manifest: its write finished (a kill before that
 // leaves files that are not a checkpoint)
-static inline int run_dir_any_manifest(const RunDir* run) {
+static inline int ckpt_any_manifest(const char* dir, const std::vector<int>& steps) {
     char path[4096];
-    for (int step : run->steps) {
-        ckpt_path(path, sizeof(path), run->dir, "manifest", step);
+    for (int step : steps) {
+        ckpt_path(path, sizeof(path), dir, "manifest", step);
         if (access(path, F_OK) == 0) { return 1; }
     }
     return 0;
@@ -447,7 +450,7 @@ static inline const char* run_dir_begin(RunDir* run, const TrainArgs* args, int 
     run->steps = ckpt_list(run->dir, 0, NULL);
     run->next = 0;
     if (!run_dir_next_candidate(run)) {
-        if (run_dir_any_manifest(run)) {  // a checkpoint was written whole, and is damaged now
+        if (ckpt_any_manifest(run->dir, run->steps)) {  // a checkpoint was written whole, and is damaged now
             fatal("-y 1: no checkpoint in %s verifies: %s (hint: start a new run with another -o, or -y 2 to "
                     "replace this one)", run->dir, run->skipped);
         }
@@ -463,7 +466,7 @@ static inline const char* run_dir_begin(RunDir* run, const TrainArgs* args, int 
     return path;
 }
 
-// Once every other check has passed (nothing is written before): creates the directory, takes
+// Once the checks before it have passed (nothing is written before): creates the directory, takes
 // the lock, refuses a new run where one is (or with -y 2 removes it), removes the temporary files
 // of a write that did not finish, and draws a new run's id.
 static inline void run_dir_open(RunDir* run) {
@@ -486,9 +489,13 @@ static inline void run_dir_open(RunDir* run) {
             size_t n = strlen(what);
             snprintf(what + n, sizeof(what) - n, "%scheckpoint files up to step %d", n ? ", " : "", steps[0]);
         }
-        fatal("-o %s holds a run (%s) (hint: %s, or choose another -o)", run->dir, what,
-                steps.empty() ? "it has no checkpoint to continue from: replace it with -y 2"
-                              : "continue it with -y 1, replace it with -y 2");
+        // -y 1 continues only from a checkpoint whose write finished
+        const char* ways = steps.empty() ? "it has no checkpoint to continue from: replace it with -y 2"
+                           : !ckpt_any_manifest(run->dir, steps)
+                               ? "its checkpoint files are of a write that did not finish: -y 1 starts it "
+                                 "again from scratch, -y 2 replaces it"
+                               : "continue it with -y 1, replace it with -y 2";
+        fatal("-o %s holds a run (%s) (hint: %s, or choose another -o)", run->dir, what, ways);
     }
     std::string removed;
     ckpt_list(run->dir, 1, &tmps);
@@ -651,8 +658,8 @@ static inline int run_dir_resume(RunDir* run, OptimizerState opt, DataLoader* lo
     return run->chosen.step;
 }
 
-// the steps whose evaluation, sample and checkpoint this run does: all but the one it resumed
-// at, unless a stop came before that step's evaluation
+// the steps whose evaluation and sample this run does: all but the one it resumed at, unless a
+// stop came before that step's evaluation (its checkpoint is never rewritten: run_dir_writes_at)
 static inline int run_dir_fresh(const RunDir* run, int step) {
     return step != run->chosen.step || !run->chosen.evaluated;
 }

@@ -685,7 +685,7 @@ static int matmul_cublaslt_try(float* d, const float* a, const float* b, const f
     return found;
 }
 
-// one line on stderr the first time a fallback is taken
+// one line on stderr per kind of fallback, the first time it is tried
 static inline void matmul_fallback_note(int* said, const char* what, int m, int n, int k) {
     if (*said) { return; }
     *said = 1;
@@ -706,7 +706,7 @@ static void matmul_cublaslt(float* d, const float* a, const float* b, const floa
         return;
     }
     if (bias != NULL) {
-        matmul_fallback_note(&said_bias, "with a bias epilogue: the bias is added by a kernel", m, n, k);
+        matmul_fallback_note(&said_bias, "with a bias epilogue: trying without, the bias added by a kernel", m, n, k);
         if (matmul_cublaslt_try(d, a, b, NULL, m, n, k, trans_a, trans_b, beta, cublas_compute, batch, stride_a,
                                 stride_b, stride_d)) {
             add_bias(d, bias, n, m);  // d is (n, m) row-major, bias per element of a row
@@ -714,18 +714,22 @@ static void matmul_cublaslt(float* d, const float* a, const float* b, const floa
         }
     }
     if (cublas_compute != CUBLAS_COMPUTE_32F) {
-        matmul_fallback_note(&said_tf32, "in TF32: this one runs in plain fp32", m, n, k);
+        matmul_fallback_note(&said_tf32, "in TF32: trying plain fp32", m, n, k);
         if (matmul_cublaslt_try(d, a, b, NULL, m, n, k, trans_a, trans_b, beta, CUBLAS_COMPUTE_32F, batch, stride_a,
                                 stride_b, stride_d)) {
             if (bias != NULL) { add_bias(d, bias, n, m); }
             return;
         }
     }
+    // name only the tries that were made: a fallback that does not apply was not tried
+    const int tf32 = cublas_compute != CUBLAS_COMPUTE_32F;
+    const char* tried = bias != NULL ? (tf32 ? "with and without the bias epilogue, in TF32 and in fp32"
+                                             : "with and without the bias epilogue, in fp32")
+                                     : (tf32 ? "in TF32 and in fp32" : "in fp32 (-f 0), the only try");
     fatal("cuBLASLt has no algorithm for m=%d n=%d k=%d transa=%d transb=%d batch=%d bias=%d (alignments "
-          "%u/%u/%u bytes), with or without the bias epilogue, in TF32 or fp32 (hint: an odd shape or pointer "
-          "alignment; try another -b/-t or model shape)", m, n, k, trans_a, trans_b, batch, bias != NULL,
-          alignment_of(a, batch > 1 ? stride_a : 0), alignment_of(b, batch > 1 ? stride_b : 0),
-          alignment_of(d, batch > 1 ? stride_d : 0));
+          "%u/%u/%u bytes), tried %s (hint: an odd shape or pointer alignment; try another -b/-t or model "
+          "shape)", m, n, k, trans_a, trans_b, batch, bias != NULL, alignment_of(a, batch > 1 ? stride_a : 0),
+          alignment_of(b, batch > 1 ? stride_b : 0), alignment_of(d, batch > 1 ? stride_d : 0), tried);
 }
 
 

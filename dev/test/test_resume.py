@@ -18,7 +18,8 @@ of a window with the CPU's update still in flight.
    manifest; only a temporary file may be left, and the resumed run removes it, starts from the
    first checkpoint (naming the second as skipped) and ends byte-identical. Killed in the first
    checkpoint's state file or manifest, the run has no checkpoint yet: the resume starts from
-   scratch, naming the unfinished one, and ends byte-identical.
+   scratch, naming the unfinished one, and ends byte-identical. Before each resume, a run
+   without -y is refused, and offers -y 1 as a way to continue only where a checkpoint is whole.
 
 The case dir is a test reference (dev/test/ref/tiny: model.bin, train.bin). Prints one line
 per check and `resume: N passed, M failed`; exit 1 on failure.
@@ -176,6 +177,11 @@ def main():
             first = subprocess.run(trainer_args(trainer, case, outdir, extra), env=env, capture_output=True)
             killed = first.returncode == -signal.SIGKILL
             left = sorted(f for f in os.listdir(outdir) if f.endswith(".tmp"))
+            # a run without -y is refused; with no finished checkpoint, its hint must not offer
+            # -y 1 as a way to continue
+            plain = subprocess.run(trainer_args(trainer, case, outdir, extra), capture_output=True, text=True)
+            hint_ok = plain.returncode != 0 and (("did not finish: -y 1 starts it again from scratch" in plain.stderr)
+                                                 if n <= 3 else ("continue it with -y 1" in plain.stderr))
             r = subprocess.run(trainer_args(trainer, case, outdir, extra + ["-y", "1"]), capture_output=True,
                                text=True)
             if n <= 3:
@@ -187,8 +193,10 @@ def main():
                 said = (f"resumed from step {CKPT}{'' if n == 4 else ', the newer one named as skipped'}: "
                         f"{'yes' if start_ok else 'NO'}")
             same = r.returncode == 0 and final_model(outdir) == full
-            report(killed and left == [name + ".tmp"] and start_ok and same,
-                   f"kill inside the write of {name}: {'killed' if killed else 'NOT KILLED'}, left {left}, {said}, "
+            report(killed and left == [name + ".tmp"] and hint_ok and start_ok and same,
+                   f"kill inside the write of {name}: {'killed' if killed else 'NOT KILLED'}, left {left}, "
+                   f"without -y refused{' offering to start again' if n <= 3 else ', offering -y 1'}: "
+                   f"{'yes' if hint_ok else 'NO: ' + plain.stderr.strip()[-200:]}, {said}, "
                    f"final model {'byte-identical' if same else 'DIFFERENT or missing: ' + r.stderr.strip()[:200]}")
     print(f"resume: {passed} passed, {failed} failed")
     return 0 if failed == 0 else 1
