@@ -283,12 +283,12 @@ int main(int argc, char** argv) {
     // trainer's (zf_team_sizes: below 4 cores each takes every core, from 4 on they share all
     // but one), and both share the memory bus. The host keeps up when the two are done within
     // U training steps, so U jobs are queued at once here and the window takes as long as both
-    // need together. With GPU accumulation (-za gpu)
-    // the GPU adds the window up, and the host runs the update alone. Not included: the bus
-    // traffic of the copy engines, which write each step's gradients into host memory
-    // (-za cpu) and read the window's result. The arrays hold window_n elements each, 512 MB
-    // by default, so that the window's 3 GB stream from memory even past a large L3 cache
-    // (some servers have 480 MB of it) as a real model's gigabytes would.
+    // need together. With GPU accumulation (-za gpu) the GPU adds the window up, and the host
+    // runs the update alone. Not included: the bus traffic of the copy engines, which write
+    // each step's gradients into host memory (-za cpu) and read the window's result. The
+    // arrays hold window_n elements each, 512 MB by default, so that the window's 3 GB stream
+    // from memory even past a large L3 cache (some servers have 480 MB of it) as a real
+    // model's gigabytes would.
     AdamArgs state = make_adam(window_n, 64 << 10);  // the updater's master, m, v and its A
     AdamArgs w = make_adam(window_n, 64 << 10);      // the accumulator's A (w.acc) and staging (w.g)
     AccumulateArgs acc_jobs[2];

@@ -409,7 +409,7 @@ MUTANTS = [
     ("N1", "llmc/cuda_kernels.cuh", "            add_bias(d, bias, n, m);  // d is (n, m) row-major",
      "            (void)0;  // d is (n, m) row-major",
      "without an algorithm for the bias epilogue, the matmul runs without it and the bias is lost", ["noalg"]),
-    ("N2", "llmc/cuda_kernels.cuh", "    if (cublas_compute != CUBLAS_COMPUTE_32F) {\n        matmul_fallback_note",
+    ("N2", "llmc/cuda_kernels.cuh", "    if (tf32) {\n        matmul_fallback_note",
      "    if (0) {\n        matmul_fallback_note",
      "without a TF32 algorithm the run stops instead of falling back to plain fp32", ["noalg"]),
     ("H1", "zenflow.h", "    int spare = cores - 1;", "    int spare = cores;",

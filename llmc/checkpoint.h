@@ -490,11 +490,13 @@ static inline void run_dir_open(RunDir* run) {
             snprintf(what + n, sizeof(what) - n, "%scheckpoint files up to step %d", n ? ", " : "", steps[0]);
         }
         // -y 1 continues only from a checkpoint whose write finished
-        const char* ways = steps.empty() ? "it has no checkpoint to continue from: replace it with -y 2"
-                           : !ckpt_any_manifest(run->dir, steps)
-                               ? "its checkpoint files are of a write that did not finish: -y 1 starts it "
-                                 "again from scratch, -y 2 replaces it"
-                               : "continue it with -y 1, replace it with -y 2";
+        const char* ways = "continue it with -y 1, replace it with -y 2";
+        if (steps.empty()) {
+            ways = "it has no checkpoint to continue from: replace it with -y 2";
+        } else if (!ckpt_any_manifest(run->dir, steps)) {
+            ways = "its checkpoint files are of a write that did not finish: -y 1 starts it again from scratch, "
+                   "-y 2 replaces it";
+        }
         fatal("-o %s holds a run (%s) (hint: %s, or choose another -o)", run->dir, what, ways);
     }
     std::string removed;

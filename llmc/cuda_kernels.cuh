@@ -700,6 +700,7 @@ static void matmul_cublaslt(float* d, const float* a, const float* b, const floa
                             int trans_a, int trans_b, float beta, int batch = 1, long long stride_a = 0,
                             long long stride_b = 0, long long stride_d = 0) {
     static int said_bias = 0, said_tf32 = 0;
+    const int tf32 = cublas_compute != CUBLAS_COMPUTE_32F;
     if (bias != NULL && batch > 1) { fatal("matmul_cublaslt: a bias with batch = %d (only one matrix takes one)", batch); }
     if (matmul_cublaslt_try(d, a, b, bias, m, n, k, trans_a, trans_b, beta, cublas_compute, batch, stride_a, stride_b,
                             stride_d)) {
@@ -713,7 +714,7 @@ static void matmul_cublaslt(float* d, const float* a, const float* b, const floa
             return;
         }
     }
-    if (cublas_compute != CUBLAS_COMPUTE_32F) {
+    if (tf32) {
         matmul_fallback_note(&said_tf32, "in TF32: trying plain fp32", m, n, k);
         if (matmul_cublaslt_try(d, a, b, NULL, m, n, k, trans_a, trans_b, beta, CUBLAS_COMPUTE_32F, batch, stride_a,
                                 stride_b, stride_d)) {
@@ -722,7 +723,6 @@ static void matmul_cublaslt(float* d, const float* a, const float* b, const floa
         }
     }
     // name only the tries that were made: a fallback that does not apply was not tried
-    const int tf32 = cublas_compute != CUBLAS_COMPUTE_32F;
     const char* tried = bias != NULL ? (tf32 ? "with and without the bias epilogue, in TF32 and in fp32"
                                              : "with and without the bias epilogue, in fp32")
                                      : (tf32 ? "in TF32 and in fp32" : "in fp32 (-f 0), the only try");
