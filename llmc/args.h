@@ -1,10 +1,11 @@
 /*
 The command line both trainers share: llm.c's flags where they mean what llm.c's mean (-i -j
--e -o -b -t -x -l -v -m -s -g -n; -k, -r and -y mean other things here: docs/usage.md) and the
-timeline's -t<letter> flags. One parser, so the CPU and CUDA trainers can never drift apart;
-a flag that only one trainer implements is parsed here and refused by the other with one
-clear line (train_args_refuse). The -z<letter> flags belong to the optimizer: they are kept
-here as text, by letter, and the optimizer parses them (zenflow.h, zf_parse_flags).
+-e -o -b -t -x -l -c -v -m -s -g -n -f; -k, -r, -h and -y mean other things here:
+docs/usage.md) and the timeline's -t<letter> flags. One parser, so the CPU and CUDA trainers
+can never drift apart; a flag that only one trainer implements is parsed here and refused by
+the other with one clear line (train_args_refuse), except -f, which the CPU trainer ignores.
+The -z<letter> flags belong to the optimizer: they are kept here as text, by letter, and the
+optimizer parses them (zenflow.h, zf_parse_flags).
 */
 #ifndef LLMC_ARGS_H
 #define LLMC_ARGS_H
@@ -44,7 +45,7 @@ static inline void train_args_usage(const char* program, const char* more_usage)
             "  -i <string> train data pattern (default data/tinyshakespeare/tiny_shakespeare_train.bin)\n"
             "  -j <string> val data pattern (default data/tinyshakespeare/tiny_shakespeare_val.bin)\n"
             "  -e <string> model: a .bin file, or a random init d12|d24|d36|d48|d<L>c<C>h<NH>\n"
-            "              (default d4c256h4)\n"
+            "              with optional v<V> t<maxT> (default d4c256h4)\n"
             "  -k <string> tokenizer file (default data/gpt2_tokenizer.bin)\n"
             "  -o <string> output directory for main.log and checkpoints (default none)\n"
             "  -b <int>    batch size B (default 4)\n"
@@ -57,16 +58,16 @@ static inline void train_args_usage(const char* program, const char* more_usage)
             "  -s <int>    sample every this many steps, 0 = never (default 20)\n"
             "  -g <int>    tokens to generate (default 64)\n"
             "  -n <int>    write a checkpoint (model + state) into -o every this many steps, 0 = never\n"
-            "              (with -o, a stop by SIGINT or SIGTERM writes one all the same)\n"
+            "              (with -o, a stop by SIGINT or SIGTERM writes one all the same, once a step has trained)\n"
             "  -y <0|1|2>  1: continue the run in -o from its newest checkpoint; 2: replace the run in -o\n"
             "              (deletes its main.log and checkpoints); 0: a new run, refused where -o holds one (default 0)\n"
             "  -r <int>    random seed for init and sampling, >= 1 (default 1337, llm.c's sampler seed)\n"
             "  -f <0|1>    TF32 tensor cores for the matmuls (CUDA trainer; default 1; the CPU trainer ignores it)\n"
+            "  -h          this message\n"
             "Timeline (a Chrome trace-event file for Perfetto / chrome://tracing):\n"
             "  -tr <string> trace file (default none)\n"
             "  -tf <int>    first step to trace, 1-based (default 1)\n"
-            "  -tn <int>    number of steps to trace (default 8)\n"
-            "  -h          this message\n",
+            "  -tn <int>    number of steps to trace (default 8)\n",
             program);
     printf("%s", more_usage);
 }
@@ -93,7 +94,7 @@ static inline void train_args_parse(TrainArgs* a, int argc, char* argv[], const 
             exit(0);
         }
         size_t len = strlen(flag);
-        // -<letter>, -z<letter> or -t<letter> (the letter also indexes `given`)
+        // -<letter> (the letter also indexes `given`), -z<letter> or -t<letter>
         if (flag[0] != '-' || len < 2 || len > 3 || !islower((unsigned char)flag[1]) ||
             (len == 3 && flag[1] != 'z' && flag[1] != 't')) {
             fatal("unknown argument '%s' (hint: -h lists the flags)", flag);
@@ -145,7 +146,7 @@ static inline void train_args_parse(TrainArgs* a, int argc, char* argv[], const 
                 a->resume == RESUME_CONTINUE ? "resuming" : "replacing a run");
     }
     if ((long long)a->B * a->T > (1LL << 30)) {
-        fatal("flags -b, -t: B*T=%lld is too large", (long long)a->B * a->T);
+        fatal("flags -b, -t: B*T=%lld is too large (at most 2^30 = 1073741824)", (long long)a->B * a->T);
     }
     if (a->trace_path != NULL) { check_output_file("-tr", a->trace_path, a->output_dir); }
 }
@@ -163,7 +164,9 @@ static inline void train_args_settings(const TrainArgs* a, char* out, size_t siz
     for (int i = 0; i < 26 && n >= 0 && (size_t)n < size; i++) {
         if (a->zflags[i] != NULL) { n += snprintf(out + n, size - n, "-z%c %s\n", 'a' + i, a->zflags[i]); }
     }
-    if (n < 0 || (size_t)n >= size) { fatal("the command line's settings are too long to record (-i, -j or -k)"); }
+    if (n < 0 || (size_t)n >= size) {
+        fatal("the command line's settings are too long to record (-i, -j, -k or a -z value; %zu bytes in all)", size);
+    }
 }
 
 // a note where a flag asks for more than there is: -g beyond the model's maxT, -m beyond the

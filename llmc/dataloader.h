@@ -7,8 +7,9 @@ so that both see the same batches:
   targets = tokens[p + 1 : p+B*T+1]     (B, T), the next token of each input
   p += B*T; when the next batch would not fit, move to the next shard (wrapping), p = 0.
 
-A shard is loaded whole and checked once: header, size, and every id < V. Bad data
-is caught when it is read, not when it produces a nan three hours later.
+A shard is loaded whole and checked each time it is loaded (every shard once at the start):
+header, size, and every id < V. Bad data is caught when it is read, not when it produces a
+nan three hours later.
 */
 #ifndef LLMC_DATALOADER_H
 #define LLMC_DATALOADER_H
@@ -35,17 +36,18 @@ typedef struct {
 // reads and validates a shard into loader->tokens
 static inline void dataloader_load_shard(DataLoader* loader, size_t index) {
     const char* path = loader->glob_result.gl_pathv[index];
+    FILE* fp = fopenCheck(path, "rb");  // first: it names a directory or a path that cannot be read
     long long file_size = file_size_bytes(path);
     if (file_size < 1024) {
         fatal("%s: too short to be a token shard (%lld bytes, the header alone is 1024)", path,
                 file_size);
     }
-    FILE* fp = fopenCheck(path, "rb");
     int header[256];
     freadCheck(header, sizeof(int), 256, fp, path);
     check_magic(path, header[0], SHARD_MAGIC, "not a token shard; make one with scripts/prepare_tinyshakespeare.py");
     if (header[1] != SHARD_VERSION) {
-        fatal("%s: shard version %d, expected %d", path, header[1], SHARD_VERSION);
+        fatal("%s: shard version %d, expected %d (hint: make it again with "
+                "scripts/prepare_tinyshakespeare.py or scripts/prepare_text.py)", path, header[1], SHARD_VERSION);
     }
     long long n = header[2];
     if (n < 0 || file_size != 1024 + 2 * n) {

@@ -153,8 +153,9 @@ static inline void gpt2_validate_config(const GPT2Config* c, const char* where) 
     if (c->num_layers < 1 || c->num_layers > 1024 || c->channels < 1 || c->channels > 65536 ||
         c->num_heads < 1 || c->max_seq_len < 1 || c->max_seq_len > 1048576 || c->vocab_size < 1 ||
         c->vocab_size > 65536) {
-        fatal("%s: implausible model shape L=%d C=%d NH=%d V=%d maxT=%d", where, c->num_layers,
-                c->channels, c->num_heads, c->vocab_size, c->max_seq_len);
+        fatal("%s: implausible model shape L=%d C=%d NH=%d V=%d maxT=%d (hint: the bounds are L <= 1024, "
+                "C <= 65536, V <= 65536 as token ids are uint16, maxT <= 1048576, each at least 1)", where,
+                c->num_layers, c->channels, c->num_heads, c->vocab_size, c->max_seq_len);
     }
     if (c->channels % c->num_heads != 0) {
         fatal("%s: channels C=%d is not divisible by heads NH=%d", where, c->channels,
@@ -205,7 +206,8 @@ static inline GPT2Config gpt2_read_model_header(FILE* fp, const char* path) {
 // resume compares them with the checkpoint's manifest (llmc/checkpoint.h) without a second pass
 // over the file. A resume says first which file it expects (expect_path, expected); if that file
 // reads otherwise, it is marked damaged and returned unchecked, and the resume falls back to an
-// older checkpoint. Every other file must hold finite values only.
+// older checkpoint. Every file not marked damaged, the expected one included, must hold finite
+// values only.
 typedef struct {
     char expect_path[4096];
     FileDigest expected;
@@ -253,7 +255,8 @@ static inline FileDigest gpt2_write_model(const char* path, const GPT2Config* c,
 // ----------------------------------------------------------------------------
 // random init: "d12", "d24", "d36", "d48" are GPT-2's four sizes (llm.c's names); a small
 // model is "d<L>c<C>h<NH>" (e.g. d4c256h4), optionally with "v<V>" and "t<maxT>".
-// Returns 0 if `spec` is not of this form (then it is a file path).
+// Returns 0 if `spec` is not a run of letter-number pairs from d, c, h, v, t (then it is a file
+// path); such a run that is incomplete or out of range is fatal.
 
 static inline int gpt2_parse_model_spec(const char* spec, GPT2Config* c) {
     if (spec[0] != 'd') { return 0; }
@@ -362,8 +365,8 @@ static inline GPT2DebugState gpt2_read_debug_state(const char* path, const GPT2C
     if (s.B < 1 || s.T < 1 || s.T > c->max_seq_len) {
         fatal("%s: bad batch shape B=%d T=%d for maxT=%d", path, s.B, s.T, c->max_seq_len);
     }
-    // the size: the header, B*T rows of (input, target, V logits), the loss, the gradients. A
-    // division, not B * T * V: B comes from the file and the product could overflow.
+    // the size: the header, B*T inputs, B*T targets and B*T*V logits (8 + 4V bytes a position),
+    // the loss, the gradients. A division, not B * T * V: B comes from the file and could overflow.
     size_t BT = (size_t)s.B * s.T, n = gpt2_num_params(c);
     long long rows_bytes = file_size_bytes(path) - 1024 - 4 - (long long)n * 4, row_bytes = 8 + 4LL * c->vocab_size;
     if (rows_bytes < 0 || rows_bytes % row_bytes != 0 || (size_t)(rows_bytes / row_bytes) != BT) {

@@ -4,7 +4,8 @@ The CUDA trainer's GPU memory, part by part: counted where it is allocated, and 
 Counted: every device allocation of the CUDA trainer goes through cuda_malloc(bytes, what)
 (llmc/cuda_kernels.cuh), which adds its bytes to the part that its label `what` names
 (gpu_memory_part below). The CUDA trainer prints that table at start, once everything is
-allocated: the sums of its cudaMalloc sizes, exact.
+allocated for the training batch (B, T): the sums of its cudaMalloc sizes, exact. A sample
+longer than T (-g > -t) grows the activations later, to (B, that length): gpt2_allocate.
 Computed: gpu_memory_formula gives the same sums from the model's shape, the batch and the
 optimizer's split (zenflow.h's capacities). The CPU trainer prints it (it has no GPU: what
 the CUDA trainer would allocate in the same mode); scripts/gpu_memory.py is the same formula

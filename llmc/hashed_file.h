@@ -8,9 +8,9 @@ hands out an ordinary FILE* made with glibc's fopencookie: every byte that the
 caller's fwrite or fread moves passes through hashed_write or hashed_read below, which update
 the checksum on the way. So the readers and writers of the file formats (gpt2_file.h,
 checkpoint.h, and the optimizer's state, which only ever sees a FILE*) need no change, and no
-second pass over the data is made. The stream's buffer is 1 MiB, so each piece is hashed while
-it is in the CPU's cache (a large fwrite skips the buffer: it is hashed and written in pieces
-of 1 MiB too).
+second pass over the data is made. The stream's buffer is 1 MiB (a reader may ask for another
+size), so each piece is hashed while it is in the CPU's cache (a large fwrite skips the buffer:
+it is hashed and written in pieces of 1 MiB too).
 
 Writing: hashed_create opens "<path>.tmp"; hashed_commit flushes, fsyncs, renames it to path
 and fsyncs the directory, so that the rename itself survives a power cut. If the write fails
@@ -94,7 +94,7 @@ static inline HashedFile* hashed_new(int fd, const char* mode, const char* path,
     if (h != NULL && h->xxh != NULL && h->buffer != NULL) { h->fp = fopencookie(h, mode, io); }
     if (h == NULL || h->fp == NULL) { fatal("%s: cannot set up the checksummed stream: %s", path, strerror(errno)); }
     XXH3_64bits_reset(h->xxh);
-    setvbuf(h->fp, h->buffer, _IOFBF, buffer);  // 1 MiB a call, and a state file's small writes gathered
+    setvbuf(h->fp, h->buffer, _IOFBF, buffer);  // a buffer a call, and a state file's small writes gathered
     snprintf(h->path, sizeof(h->path), "%s", path);
     for (int i = 0; i < HASHED_MAX_OPEN; i++) {
         if (hashed_open_files[i] == NULL) {
@@ -145,9 +145,10 @@ static inline void hashed_read_direct(HashedFile* h, void* dst, size_t bytes) {
         size_t piece = bytes - done < HASHED_PIECE ? bytes - done : HASHED_PIECE;
         ssize_t n = read(h->fd, (char*)dst + done, piece);
         if (n < 0 && errno == EINTR) { continue; }
-        if (n <= 0) {
-            fatal("%s: file ends early or cannot be read: %s (hint: the file is truncated)", h->path,
-                    n < 0 ? strerror(errno) : "end of file");
+        if (n < 0) { fatal("%s: cannot read at byte %zu: %s", h->path, (size_t)h->bytes, strerror(errno)); }
+        if (n == 0) {
+            fatal("%s: file ends at byte %zu, %zu bytes short (hint: did something shorten it while it "
+                    "was read?)", h->path, (size_t)h->bytes, bytes - done);
         }
         XXH3_64bits_update(h->xxh, (char*)dst + done, (size_t)n);
         h->bytes += (size_t)n;
@@ -169,7 +170,7 @@ static inline FileDigest hashed_close(HashedFile* h) {
 static inline HashedFile* hashed_create(const char* path) {
     char tmp[4200];
     int n = snprintf(tmp, sizeof(tmp), "%s.tmp", path);
-    if (n < 0 || (size_t)n >= 4096) { fatal("%s: path too long", path); }
+    if (n < 0 || (size_t)n >= 4096) { fatal("%s: path too long (at most 4091 characters, for \".tmp\")", path); }
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) { fatal("%s: cannot open for writing: %s (hint: check the path)", tmp, strerror(errno)); }
     HashedFile* h = hashed_new(fd, "wb", path, HASHED_PIECE);

@@ -26,13 +26,13 @@ typedef struct {
     int init_ok;
 } Tokenizer;
 
-// loads the tokenizer; if the file is missing, sampling prints ids instead (init_ok = 0)
+// loads the tokenizer; if the file cannot be opened, sampling prints ids instead (init_ok = 0)
 static inline void tokenizer_init(Tokenizer* tok, const char* path) {
     memset(tok, 0, sizeof(*tok));
     FILE* fp = fopen(path, "rb");
     if (fp == NULL) {
-        printf("note: tokenizer %s not found, samples will be printed as token ids (hint: run "
-               "`make data`)\n", path);
+        printf("note: tokenizer %s %s, samples will be printed as token ids (hint: run `make data`, "
+               "or name one with -k)\n", path, errno == ENOENT ? "not found" : strerror(errno));
         return;
     }
     check_not_directory(fileno(fp), path);
@@ -46,7 +46,8 @@ static inline void tokenizer_init(Tokenizer* tok, const char* path) {
         }
         header[3] = 50256;
     } else if (header[1] != TOKENIZER_VERSION) {
-        fatal("%s: tokenizer version %d, expected 1 or %d", path, header[1], TOKENIZER_VERSION);
+        fatal("%s: tokenizer version %d, expected 1 or %d (hint: -k takes llm.c's tokenizer file, "
+                "such as data/gpt2_tokenizer.bin from `make data`)", path, header[1], TOKENIZER_VERSION);
     }
     if (header[2] < 1 || header[2] > 1 << 20 || header[3] < 0 || header[3] >= header[2]) {
         fatal("%s: implausible vocab size %d / eot id %d", path, header[2], header[3]);
@@ -57,12 +58,16 @@ static inline void tokenizer_init(Tokenizer* tok, const char* path) {
     for (int i = 0; i < tok->vocab_size; i++) {
         unsigned char length;
         freadCheck(&length, 1, 1, fp, path);
-        if (length == 0) { fatal("%s: token %d has length 0", path, i); }
+        if (length == 0) { fatal("%s: token %d has length 0 (byte %ld; the file is damaged)", path, i, ftell(fp) - 1); }
         tok->token_table[i] = (char*)mallocCheck(length + 1);
         freadCheck(tok->token_table[i], 1, length, fp, path);
         tok->token_table[i][length] = '\0';
     }
-    if (fgetc(fp) != EOF) { fatal("%s: trailing bytes after the last token", path); }
+    if (fgetc(fp) != EOF) {
+        fatal("%s: trailing bytes after token %d, the last of the header's %d, at byte %ld (hint: the "
+                "header's vocab size is wrong, or the file is damaged)", path, tok->vocab_size - 1,
+                tok->vocab_size, ftell(fp) - 1);
+    }
     fclose(fp);
     tok->init_ok = 1;
 }

@@ -3,9 +3,10 @@ A timeline of training as a Chrome trace-event file (open it in https://ui.perfe
 chrome://tracing): one track per kind of work, so you can SEE whether the CPU's update hides
 behind the GPU's compute or the GPU waits for it.
 
-  tracks:  compute (forward, backward, GPU-side AdamW) | device->host | host->device |
-           CPU updater (window updates) | waits (the training loop blocked on the CPU) |
-           CPU accumulator (A += g every step, CPU accumulation)
+  tracks:  compute (forward, backward, GPU-side AdamW, the column moves) | device->host |
+           host->device | CPU updater (window updates) | waits (the training loop blocked on
+           the CPU; on a GPU also the GPU waiting for a copy) | CPU accumulator (A += g every
+           step, CPU accumulation; auto U's sums)
 
 Usage: trace_open(path, first_step, last_step) once; trace_set_step(t) at the top of every
 step; then trace_event(track, name, t0_ms, t1_ms) with times from now_ms(). Events

@@ -25,7 +25,7 @@ can name the caller's file and line when the problem is ours rather than the use
 // ----------------------------------------------------------------------------
 // fatal errors: one line, non-zero exit
 
-// Fuzzers (dev/fuzz) point this at a jmp_buf to get control back instead of an exit.
+// Fuzzers (dev/fuzz) and test_gpt2.cu point this at a jmp_buf to get control back instead of an exit.
 static jmp_buf* fatal_jump = NULL;
 // A resume trying a checkpoint (llmc/checkpoint.h) sets this: fatal then throws FatalError
 // (destructors run, nothing leaks) and keeps its message in fatal_message, unprinted, for the
@@ -58,7 +58,7 @@ static inline void check_not_directory(int fd, const char* path) {
     struct stat st;
     if (fstat(fd, &st) == 0 && S_ISDIR(st.st_mode)) {
         fatal("%s is a directory, not a file (hint: name a file in it; -i and -j also take a pattern "
-              "such as %s/*_train_*.bin)", path, path);
+              "such as %s/*.bin)", path, path);
     }
 }
 

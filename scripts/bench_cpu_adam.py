@@ -133,7 +133,7 @@ def main():
     ap.add_argument("--topk", type=float, default=0.1, help="ZenFlow's k for the window table")
     ap.add_argument("--u", type=int, default=4, help="ZenFlow's U for the window table")
     ap.add_argument("--window-n", type=int, default=128 << 20,
-                    help="elements per array of the window measurement (default 512 MB each)")
+                    help="elements per array of the window measurement (default 128M: 512 MiB each)")
     args = ap.parse_args()
     allt = os.cpu_count() if "OMP_NUM_THREADS" not in os.environ else int(os.environ["OMP_NUM_THREADS"])
 

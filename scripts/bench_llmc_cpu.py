@@ -45,7 +45,8 @@ SKIP = 2  # warm-up steps left out of the median
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 epilog="Relative paths are taken from the repository's root.")
     ap.add_argument("--llmc", default="build/llmc_ref", help="llm.c's source at the pinned commit")
     ap.add_argument("--ours", default="./train_gpt2cpu", help="our CPU trainer")
     ap.add_argument("--models", default="d4c256h4 d12", help="model specs, as dev/bench_model.cpp takes them")

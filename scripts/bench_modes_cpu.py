@@ -35,7 +35,9 @@ Usage:
       [--steps 8] [--skip 8] [--batch 4] [--seq 64] [--modes adamw,offload,zenflow]
       [--workdir build/bench] [--csv build/bench/step_time_cpu.csv] [--tag "B=1 T=16"]
   /usr/bin/python3 scripts/bench_modes_cpu.py --trace adamw=a.json --trace zenflow=z.json
-      (only parse existing traces; then give --model for the table's label)
+      (only parse existing traces: give the traced runs' --model, --batch and --seq, which
+      label the table and give its pcie columns; the CSV goes to --csv, by default over the
+      benchmark's own build/bench/step_time_cpu.csv)
 """
 import argparse
 import json

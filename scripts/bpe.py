@@ -18,10 +18,13 @@ uint8 length followed by the token's raw bytes.
 Usage as a script (handy for poking at the tokenizer):
     python3 scripts/bpe.py "Hello world"          # prints the ids
     python3 scripts/bpe.py --decode 15496 995     # prints the text
+(Here a typed <|endoftext|> becomes its one id, 50256; scripts/prepare_text.py reads it as
+ordinary text and puts 50256 between documents itself.)
 """
 
 import json
 import struct
+import sys
 
 import regex  # not `re`: we need \p{L} / \p{N} unicode classes
 
@@ -204,6 +207,9 @@ if __name__ == "__main__":
     with data_files.exit_on_input_error():
         enc = load_gpt2_tokenizer(args.data_dir)
     if args.decode:
+        bad = [x for x in args.items if not x.isdigit() or int(x) >= len(enc.id_to_bytes)]
+        if bad:
+            sys.exit(f"error: --decode {bad[0]}: not a token id (hint: 0 to {len(enc.id_to_bytes) - 1})")
         print(enc.decode([int(x) for x in args.items]))
     else:
         print(" ".join(map(str, enc.encode(" ".join(args.items), allowed_special={EOT_TEXT}))))

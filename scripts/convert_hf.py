@@ -265,7 +265,7 @@ def newest_model(src):
         models = sorted(p.glob("model_[0-9]*.bin"))
         if not models:
             raise ConvertError(f"{src}: a folder without checkpoints model_<step>.bin (hint: train with "
-                               f"-o {src} -n <steps>, or pass a model file)")
+                               f"-o {src} -n <every N steps>, or pass a model file)")
         return models[-1]
     if not p.is_file():
         raise ConvertError(f"{src}: no such model file or checkpoint folder")

@@ -37,7 +37,8 @@ Usage:
   /usr/bin/python3 scripts/locality_study.py --scores FILE        # report an existing -zd dump
 Options: --model d2c128h4 --steps 300 --batch 4 --seq 64 --lr 3e-4 --mode adamw
          --workdir build/locality (the run's scores.bin and main.log) --topk 0.1
-         --intervals 1,4,16,64,100,... --skip 0 --csv build/locality/locality.csv
+         --intervals 1,4,16,64,100,... --skip 0 --csv build/locality/locality.csv (with
+         --scores: locality.csv beside FILE)
          --png docs/images/locality.png
 The default run (d2c128h4, 300 steps, AdamW so the selection cannot feed back into the
 scores) takes about 2 minutes on an idle 2-core machine (7 with another run beside it).
@@ -50,6 +51,9 @@ import sys
 import time
 
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # data_files, beside this script
+import data_files  # noqa: E402
 
 MAGIC, VERSION = 20241129, 1
 KINDS = ["wte", "wpe", "qkvw", "attprojw", "fcw", "fcprojw"]
@@ -404,7 +408,8 @@ def main():
                     "(e.g. the fast-changing start of a run from random init)")
     ap.add_argument("--intervals", help="comma-separated S values (default 1,2,4,...,100,"
                     "200,... up to the run length)")
-    ap.add_argument("--csv", help="CSV path (default <workdir>/locality.csv)")
+    ap.add_argument("--csv", help="CSV path (default <workdir>/locality.csv; with --scores, "
+                    "locality.csv beside that file)")
     ap.add_argument("--png", help="PNG path (e.g. docs/images/locality.png)")
     args = ap.parse_args()
 
@@ -421,7 +426,8 @@ def main():
                  f"T={args.seq}, lr {args.lr:g}, {args.mode}")
         with open(path + ".txt", "w") as f:
             f.write(title + "\n")
-    names, shapes, steps, scores = read_scores(path)
+    with data_files.one_line_errors(path, "a -zd scores file"):
+        names, shapes, steps, scores = read_scores(path)
     if args.skip:
         if args.skip >= len(steps) - 1:
             sys.exit(f"--skip {args.skip}: the file has only {len(steps)} steps")

@@ -116,16 +116,16 @@ def main():
         label, path = data_files.split_label(item, default_label(item))
         with data_files.one_line_errors(path, "a main.log or a trainer's output"):
             runs.append((label, read_log(path)))
-    with data_files.one_line_errors(args.out, "a picture", "--out must be in a folder that exists"):
+    with data_files.one_line_errors(args.out, "a picture", "--out must be a path that can be written"):
         plot(runs, args.out, args.smooth, args.title)
     n = args.smooth or 20
-    print(f"| run | steps | train loss (mean of last {n}) | final val loss |")
+    print(f"| run | steps trained | train loss (mean of last {n}) | final val loss |")
     print("| --- | --- | --- | --- |")
     for label, (train, val) in runs:
         last = [y for _, y in train[-n:]]
         tr = f"{sum(last) / len(last):.4f}" if last else "-"
         va = f"{val[-1][1]:.4f} (step {val[-1][0]})" if val else "-"
-        print(f"| {label} | {train[-1][0] if train else 0} | {tr} | {va} |")
+        print(f"| {label} | {train[-1][0] + 1 if train else 0} | {tr} | {va} |")  # s: counts from 0
     print(f"wrote {args.out}")
 
 

@@ -116,7 +116,7 @@ def main():
     args = ap.parse_args()
     with data_files.one_line_errors(", ".join(args.csv), "a step-time CSV (device,model,mode,ms_per_step,...)"):
         rows = load(args.csv)
-    with data_files.one_line_errors(args.out, "a picture", "--out must be in a folder that exists"):
+    with data_files.one_line_errors(args.out, "a picture", "--out must be a path that can be written"):
         plot(rows, args.out, args.title)
     print(f"wrote {args.out}")
 

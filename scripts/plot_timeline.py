@@ -1,16 +1,15 @@
 #!/usr/bin/python3
 """Draws a timeline trace (the trainer's -tr file, Chrome trace-event JSON) as a picture: one
-row per track (compute, device->host, host->device, CPU updater, waits, CPU accumulator),
-one box per event,
-a faint line and label at the start of every step. Several traces (e.g. offload and zenflow)
-become panels one above the other on the same time scale, so the step lengths compare
-directly. Times are ms from the start of the first drawn step of each trace.
+row per track (compute, device->host, host->device, CPU accumulator, CPU updater, waits,
+top to bottom), one box per event, a faint line and label at the start of every step.
+Several traces (e.g. offload and zenflow) become panels one above the other on the same
+time scale, so the step lengths compare directly. Times are ms from the start of the first drawn step of each trace.
 
 How to read it: in `offload` every step ends with a red "wait for CPU (synchronous)" box (the
 loop waits while the CPU runs AdamW over every matrix); in `zenflow` the CPU's "window
 update" sits on the CPU-updater row once per U steps, in parallel with the next steps'
 forward/backward, and the waits row stays (nearly) empty. Events shorter than a pixel are
-still drawn as a hairline. (On the CPU trainer both rows run on the same 2 cores, so the
+still drawn as a hairline. (On the CPU trainer both rows run on the same cores, so the
 background update slows the compute it overlaps; on a GPU it would not.)
 
 Usage: /usr/bin/python3 scripts/plot_timeline.py --trace offload=build/bench/trace_d2c128h4_offload.json
@@ -151,7 +150,7 @@ def main():
         with data_files.one_line_errors(path, "a trace file (-tr)"):
             traces.append((label, path, load(path)))
     steps = parse_steps(args.steps)
-    with data_files.one_line_errors(args.out, "a picture", "--out must be in a folder that exists"):
+    with data_files.one_line_errors(args.out, "a picture", "--out must be a path that can be written"):
         plot(traces, args.out, steps, args.title)
     print(f"wrote {args.out}")
 

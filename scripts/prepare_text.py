@@ -4,7 +4,7 @@ shards with GPT-2's BPE (scripts/bpe.py, the project's own; the same ids as tikt
 encoding, dev/test/test_prepare_text.py checks it).
 
     python3 scripts/prepare_text.py [--out DIR] [--name NAME] [--val-tokens N]
-                                    [--shard-tokens N] [--field FIELD] INPUT...
+                                    [--shard-tokens N] [--field FIELD] [--data-dir DIR] INPUT...
 
 Documents: every text file is one document; a file whose name ends in .jsonl holds one per
 line, a JSON object whose FIELD (default "text") is the document. Each document is encoded
@@ -222,7 +222,7 @@ def prepare(enc, inputs, shards, field):
 def main():
     parser = argparse.ArgumentParser(description="Text or JSONL files to llm.c token shards (GPT-2 BPE).")
     parser.add_argument("inputs", nargs="+", help="text files (one document each) and .jsonl files (one per line)")
-    parser.add_argument("--out", default=None, help="output folder (default: data/NAME)")
+    parser.add_argument("--out", default=None, help="output folder (default: <repo>/data/NAME)")
     parser.add_argument("--name", default="text", help="the shards' name: NAME_val_*.bin, NAME_train_*.bin")
     parser.add_argument("--field", default="text", help="the JSONL field that holds the text (default: text)")
     parser.add_argument("--val-tokens", type=int, default=32768, help="tokens of the val split (default 32768)")
