@@ -711,9 +711,9 @@ if ! skip_stage zenflow "bench zenflow" && ! no_trainer "bench zenflow"; then
                 record "bench zenflow $model $mode" SKIPPED "${2:-}"
             elif [ "$1" = FAILED ]; then
                 record "bench zenflow $model $mode" FAIL "${2:-}"
-            else  # ms compute stall cpu d2h h2d opt M n
+            else  # ms compute stall cpu d2h h2d opt_bytes M n d2h_bytes h2d_bytes
                 record "bench zenflow $model $mode" PASS "$(awk -v ms="$1" -v st="$3" -v d="$5" -v h="$6" -v o="$7" \
-                    'BEGIN { printf "%.1f ms/step, stall %.1f ms (%.1f%%), PCIe %.0f MB down %.0f MB up, opt state %.0f MiB", ms, st, 100 * st / ms, d, h, o }')"
+                    'BEGIN { printf "%.1f ms/step, stall %.1f ms (%.1f%%), PCIe %.0f MB down %.0f MB up, opt state %.0f MiB", ms, st, 100 * st / ms, d, h, o / 1048576 }')"
             fi
         done <"$BUILD/bench_zenflow/results.txt"
     fi

@@ -141,7 +141,9 @@ fi
 
 out_of_time() { [ "$BUDGET" -gt 0 ] && [ $(( $(date +%s) - START )) -gt "$BUDGET" ]; }
 
-RESULTS="$OUT/results.txt"  # one line per run: model mode fields..., or model mode SKIPPED/FAILED note
+# one line per run: model mode ms compute stall cpu d2h h2d (ms and MB per step) opt_bytes M n
+# d2h_bytes h2d_bytes (the n measured steps' totals), or model mode SKIPPED/FAILED note
+RESULTS="$OUT/results.txt"
 : >"$RESULTS"
 LIFTED=""  # model/mode of the runs retried past the host-memory check
 
@@ -200,7 +202,7 @@ write_table() {
                     if (f[3] == "SKIPPED" || f[3] == "FAILED") {
                         printf "| %-5s | %-17s | %s %s\n", model, mode, f[3], f[4]; continue
                     }
-                    ms = f[3]; stall = f[5]; cpu = f[6]; d2h = f[7]; h2d = f[8]; opt = f[9]; M = f[10]
+                    ms = f[3]; stall = f[5]; cpu = f[6]; d2h = f[7]; h2d = f[8]; opt = f[9] / 1048576; M = f[10]
                     bytes = 4.0 * M
                     kind = mode; sub(/-whole$/, "", kind)  # -zp 0 moves the same bytes
                     if (kind == "offload") formula = 2 * bytes
@@ -266,15 +268,15 @@ for model in $MODELS; do
             echo "$model $mode FAILED exit-$rc:$(tail -1 "$log" | tr ' ' '_' | cut -c1-120)" >>"$RESULTS"
             continue
         fi
-        # averages over the measured steps; the optimizer state and M from the log
-        opt_mib=$(sed -n 's/^\[memory\] GPU moments (m, v) *\([0-9.]*\) MiB.*/\1/p' "$log" | head -1)
+        # averages over the measured steps, and their byte totals; the optimizer state and M from the log
+        opt_bytes=$(sed -n 's/^\[memory\] GPU moments (m, v) .*(\([0-9]*\) bytes)$/\1/p' "$log" | head -1)
         M=$(sed -n 's/^\[optimizer\] matrix elements M = \([0-9]*\):.*/\1/p' "$log" | head -1)
-        awk -F, -v w="$WARMUP" -v model="$model" -v mode="$mode" -v opt="${opt_mib:-nan}" -v M="${M:-0}" '
+        awk -F, -v w="$WARMUP" -v model="$model" -v mode="$mode" -v opt="${opt_bytes:-nan}" -v M="${M:-0}" '
             NR > 1 && $1 > w { n++; ms += $3; comp += $5; stall += $6; cpu += $7; d2h += $8; h2d += $9 }
             END {
                 if (n == 0) { print model, mode, "FAILED no-measured-steps"; exit }
-                printf "%s %s %.3f %.3f %.3f %.3f %.3f %.3f %s %s %d\n", model, mode, ms / n, comp / n, stall / n,
-                       cpu / n, d2h / n / 1e6, h2d / n / 1e6, opt, M, n
+                printf "%s %s %.3f %.3f %.3f %.3f %.3f %.3f %s %s %d %.0f %.0f\n", model, mode, ms / n, comp / n,
+                       stall / n, cpu / n, d2h / n / 1e6, h2d / n / 1e6, opt, M, n, d2h, h2d
             }' "$csv" >>"$RESULTS"
     done
 done

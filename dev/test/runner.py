@@ -55,7 +55,9 @@ class Checks:
     def summary(self, label):
         passed = sum(self.results)
         print(f"{label}: {passed} passed, {len(self.results) - passed} failed")
-        return 0 if passed == len(self.results) else 1
+        if not self.results:
+            print(f"FAIL {label}: no check ran")
+        return 0 if self.results and passed == len(self.results) else 1
 
 
 def run_test_functions(label, namespace, tmp):
@@ -77,4 +79,6 @@ def run_test_functions(label, namespace, tmp):
     else:
         shutil.rmtree(tmp)
     print(f"{label}: {passed} passed, {failed} failed")
-    return 1 if failed else 0
+    if passed + failed == 0:
+        print(f"FAIL {label}: no check ran")
+    return 1 if failed or passed == 0 else 0

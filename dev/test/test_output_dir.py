@@ -191,17 +191,22 @@ def main():
         with open(os.path.join(garbage, "state_00000010.bin"), "r+b") as f:
             f.seek(4096)
             f.write(os.urandom(4096))
-        r = resumed_same("garbage in the newest state file", garbage, ref14, 14, "-n", "2", same_log=True)
-        skip = [l for l in r.stdout.splitlines() if l.startswith("skipped newer checkpoints")]
-        check("  ... named in one line", [] if skip == ["skipped newer checkpoints: 10 (state_00000010.bin does not "
-                                                        "match its checksum)"] and "resumed from the checkpoint of step 8"
-              in r.stdout else [f"stdout lines {skip}"], skip[0] if skip else "")
-        garbage_x = copy_of(base, "garbage_state_x")  # -x at its step: told against the one resumed
+        def named_skip(r):
+            """checkpoint 10 skipped, with its reason in one line, and the run resumed from 8"""
+            skip = [l for l in r.stdout.splitlines() if l.startswith("skipped newer checkpoints")]
+            want = "skipped newer checkpoints: 10 (state_00000010.bin does not match its checksum)"
+            ok = skip == [want] and "resumed from the checkpoint of step 8" in r.stdout
+            check("  ... named in one line", [] if ok else [f"stdout lines {skip}"], skip[0] if skip else "")
+
+        named_skip(resumed_same("garbage in the newest state file", garbage, ref14, 14, "-n", "2", same_log=True))
+        # -x at its step: told against the one resumed. (Its model and main.log are base's before the
+        # resume too: the line that names the skip shows that it ran.)
+        garbage_x = copy_of(base, "garbage_state_x")
         with open(os.path.join(garbage_x, "state_00000010.bin"), "r+b") as f:
             f.seek(4096)
             f.write(os.urandom(4096))
-        resumed_same("-x 10 where the newest checkpoint, 10, is damaged", garbage_x, base, 10, "-n", "2",
-                     same_log=True, detail="skipped 10, ")
+        named_skip(resumed_same("-x 10 where the newest checkpoint, 10, is damaged", garbage_x, base, 10, "-n", "2",
+                                same_log=True))
         payload = copy_of(base, "damaged_model")
         with open(os.path.join(payload, "model_00000010.bin"), "r+b") as f:
             f.seek(1024 + 4 * 100)
@@ -331,7 +336,7 @@ def main():
         took = time.time() - t0
         text = open(os.path.join(out, "main.log")).read()
         problems = [] if p.returncode == 130 else [f"exit {p.returncode} {took:.0f} s after the signal: {err_lines(err)[-1:]}"]
-        if " tel:" in text or "s:6 " in text:
+        if " tel:" in text or "s:5 trl:" in text:  # (main.log's s: counts from 0: s:5 is step 6)
             problems.append(f"the interrupted validation was logged or training went on: {text.split()[-2:]}")
         manifest = os.path.join(out, "manifest_00000005.txt")
         if not os.path.exists(manifest) or "evaluated 0" not in open(manifest).read():
@@ -400,6 +405,13 @@ def main():
                 ["-e d4c256h4", "step 10", "holds L=2"], before, told)
         refused("resume with another -b", run(argv(told, 14, "-n", "2", "-y", "1", "-b", "2")),
                 ["state_00000010.bin", "written with B=4 T=16, this run has B=2 T=16"], before, told)
+        refused("resume with another -t", run(argv(told, 14, "-n", "2", "-y", "1", "-t", "8")),
+                ["state_00000010.bin", "written with B=4 T=16, this run has B=4 T=8"], before, told)
+        for flag, value in (("-zo", "offload"), ("-zk", "0.3"), ("-zs", "4"), ("-zw", "2"), ("-zv", "0"),
+                            ("-za", "gpu")):
+            refused(f"resume with another {flag}", run(argv(told, 14, "-n", "2", "-y", "1", flag, value)),
+                    ["state_00000010.bin", "this run uses", f"{flag} {value}", "resume with the same flags"],
+                    before, told)
         auto_u = ["-zo", "zenflow", "-zk", "0.2", "-zu", "auto", "-zs", "6", "-zv", "1"]
         refused("resume with another -zu", run(argv(told, 14, "-n", "2", "-y", "1", opt=auto_u)),
                 ["written with -zo zenflow -zk 0.2 -zu 3 -zs 6", "this run uses -zo zenflow -zk 0.2 -zu auto -zs 6",

@@ -177,9 +177,11 @@ def failing_cases(output, dirs):
 
 def run_program(name, argv, dirs, log_dir, skipped):
     """Runs a test program on case folders; returns (ok, the folders it failed on). A program
-    that ran nothing (test_gpt2cu without a device: exit 0 and a SKIPPED line) is added to
-    `skipped` instead of passing."""
+    that ran nothing (no case drawn for it, or test_gpt2cu without a device: exit 0 and a
+    SKIPPED line) is added to `skipped` instead of passing."""
     if not dirs:
+        print(f"SKIPPED {name}: none of the drawn cases is for it")
+        skipped.append(name)
         return True, set()
     p = subprocess.run(argv + dirs, cwd=ROOT, capture_output=True, text=True)
     log = os.path.join(log_dir, f"{name}.log")

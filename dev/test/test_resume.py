@@ -160,9 +160,10 @@ def main():
                + (f" (started over {missed} times: a run ended before its kill)" if missed else ""))
         same_log = done and losses(outdir) == losses(os.path.join(tmp, f"{mode}_full"))
         report(same_log, f"kill test: main.log {'holds each step once, the losses equal' if same_log else 'DIFFERS'}")
-        leftovers = [n for n in os.listdir(outdir) if n.endswith(".tmp")] if done else []
         # a kill during a write leaves a .tmp, which the next run removes at its start
-        report(leftovers == [], f"kill test: temporary files left at the end: {leftovers}")
+        leftovers = [n for n in os.listdir(outdir) if n.endswith(".tmp")] if os.path.isdir(outdir) else []
+        report(done and leftovers == [], f"kill test: temporary files left at the end: {leftovers}"
+               + ("" if done else " (FAIL: the run did not finish)"))
 
         # kill inside a write: writes 1, 2 and 3 are the first checkpoint's model, state and
         # manifest, 4, 5 and 6 the second's. Killed in the second, the resume starts from the

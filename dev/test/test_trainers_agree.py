@@ -4,7 +4,7 @@ The two trainers must tell the same story: train_gpt2cpu (train_gpt2.cpp) and th
 trainer train_gpt2cu, run with the same flags on the same case, log the same losses, step
 by step and in every mode. (Each trainer's numbers are checked against PyTorch by its own
 test; this checks the parts those tests do not run: the main loop, the data loader, the
-validation and the step lines of the real binaries.)
+validation and the main.log of the real binaries.)
 
     /usr/bin/python3 dev/test/test_trainers_agree.py ./train_gpt2cpu <cuda trainer> <case dir>
 
