@@ -85,7 +85,7 @@ static inline void gpu_trace_flush_locked(int wait) {
     }
 }
 
-// starts a span on `stream`; -1 when the step is not traced
+// starts a span on `stream`; -1 when the step is not traced or no slot is free
 static inline int gpu_trace_begin(cudaStream_t stream) {
     if (!g_gpu_trace.on || !trace_active()) { return -1; }
     std::lock_guard<std::mutex> lock(g_gpu_trace.mu);
