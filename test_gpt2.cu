@@ -78,8 +78,8 @@ static ZfRun adamw_run(const char* dir, const CaseSettings* s, int steps) {
 // (errors relative to the tensor: max |ours - ref| / max |ref|): logits 1e-5, loss 1e-5
 // (absolute), gradients 1e-5, the loss of every step 2e-5 (absolute); and the padded rows
 // of the wte gradient exactly 0. On the emulator, over every case of make test, the errors
-// are 7x or more below them (gradients <= 5e-7, losses <= 2.9e-6 on the 50257-token vocab
-// cases). With TF32 off, cuBLAS rounds every product and sum in fp32 like the CPU; only the
+// are 7x or more below them (gradients <= 5e-7, trajectory losses <= 2.9e-6 on the 50257-token
+// vocab cases) but for the debug batch's loss, 3.5x below (2.9e-6, three ulps of a loss of 10.8). With TF32 off, cuBLAS rounds every product and sum in fp32 like the CPU; only the
 // order of the sums differs (tiles, split-K), which gives errors of the size of the CPU's
 // own differences to PyTorch. expf/logf/tanhf/sqrtf on the GPU (without --use_fast_math)
 // are within 2 ulp, about 1e-7 relative. If the test fails by a small factor, look for a
@@ -110,13 +110,17 @@ static void test_case(const char* dir) {
     gpt2_copy_grads_to_host(&model, grads);
     check_debug_batch(&st, c, model.mean_loss, grads);
     // the padded vocabulary rows take no part in the loss: their gradient is exactly 0
-    int pad_zero = 1;
-    for (size_t i = (size_t)V * c->channels; i < (size_t)c->padded_vocab_size * c->channels; i++) {
-        pad_zero = pad_zero && grads[i] == 0.0f;
+    if (c->padded_vocab_size > V) {
+        int pad_zero = 1;
+        for (size_t i = (size_t)V * c->channels; i < (size_t)c->padded_vocab_size * c->channels; i++) {
+            pad_zero = pad_zero && grads[i] == 0.0f;
+        }
+        printf("  wte rows %d..%d (padding): gradient %s\n", V, c->padded_vocab_size - 1,
+               pad_zero ? "exactly 0  ok" : "NOT 0  FAIL");
+        check(pad_zero, "the padded rows of the wte gradient are not 0");
+    } else {
+        printf("  wte: no padding rows (V = Vp = %d)\n", V);
     }
-    printf("  wte rows %d..%d (padding): gradient %s\n", V, c->padded_vocab_size - 1,
-           pad_zero ? "exactly 0  ok" : "NOT 0  FAIL");
-    check(pad_zero, "the padded rows of the wte gradient are not 0");
 
     // for information: the same batch with TF32 matmuls (the trainer's default). Should the
     // run stop there (cuBLASLt with no algorithm, even after its fallbacks), that is one
@@ -306,6 +310,7 @@ static void test_zenflow_invariants(const char* dir) {
         check(differs, "zenflow with U=3 and overlap equals adamw");
         // checkpoint after step 5: the window closed at step 3 is still pending (applied at
         // step 6), and a window of 2 steps is open (A in the gradient buffer with -za gpu)
+        check(c.s.steps > 5, "the checkpoint below would fall after the run (no resume tested)");
         ZfRun resumed = zf_run(dir, &c, z, -1, NULL, 5);
         snprintf(what, sizeof(what), "zenflow -za %s, checkpoint after step 5 and resume", zf_accumulate_names[tr]);
         report_same(same_run(first, resumed), what, REPORT_WIDTH);
@@ -397,6 +402,5 @@ int main(int argc, char* argv[]) {
     }
     if (first_zenflow != NULL) { test_zenflow_invariants(first_zenflow); }
     cublas_free();
-    printf("test_gpt2cu: %d passed, %d failed\n", g_passed, g_failed);
-    return g_failed == 0 ? 0 : 1;
+    return test_summary("test_gpt2cu");
 }

@@ -4,8 +4,10 @@
 Each MUTANT below is one small, plausible bug in the code (a comparison off by one, a wait
 left out, a moment reset instead of migrated). For each, this script copies the project to
 a scratch folder, makes that one change, rebuilds what the change touches, and runs the
-tests named for it, in order, until one fails. A test that fails "kills" the mutant; a
-mutant that every named test passes SURVIVES: the tests cannot see that bug. The table at
+tests named for it, in order, until one fails. The unchanged project must pass them all
+first. A test that fails, or hangs past --timeout (the table then says "(timeout)"), "kills"
+the mutant; a mutant that every named test passes SURVIVES: the tests cannot see that bug. A
+mutant that does not build is STALE, as is one whose text no longer applies. The table at
 the end is the measurement (the last full run: docs/testing.md, "Mutation testing").
 A survivor is either a gap to close with a test, or a change that cannot alter any result
 (an "equivalent" mutant), which the list then says and drops.
@@ -36,6 +38,8 @@ Suites (what "the tests named" means), each a subset of make test:
   pcie   dev/test/test_pcie_bytes.py (every mode's counted copy bytes against the shapes, the
          optimizer memory, the stall's bookkeeping)
   bad    dev/test/test_bad_input.py with the CPU trainer (broken files and flags)
+  outdir dev/test/test_output_dir.py with the CPU trainer (the output directory: refusals,
+         damaged checkpoints, stops)
   eval   dev/test/test_eval.py with the CPU trainer and the CUDA trainer on the emulator (the
          val loss and the generated tokens against PyTorch, the tokenizer a run keeps, resume)
   bits   dev/test/test_same_bits.py: the CPU trainer built for 4-, 8- and the native vector width
@@ -532,7 +536,7 @@ def main():
         t0 = time.time()
         ok, _, out = build(work, msuites)
         if not ok:
-            result = "killed: build error"
+            result = "STALE: build error"
             stale += 1  # a mutant that does not compile measures nothing: fix it
         else:
             failed, _ = run_suites(work, msuites, args.timeout)

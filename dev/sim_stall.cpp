@@ -265,7 +265,8 @@ typedef struct {
 
 static double num_params(const GPT2Config* m) { return (double)gpt2_num_params(m); }
 
-// steps 0..7 settle (the first selection, the first windows), steps 8..19 are measured
+// the first max(8, 2U) steps settle (the first selection, the first windows), then whole windows of
+// at least 12 steps in all are measured (12 at U = 4, 15 at U = 5)
 static SimRow simulate(const GPT2Config* model, const SimMachine* hw, ZfConfig cfg, const char* name,
                        double iters_per_ms) {
     SimDevice* dev = new SimDevice();

@@ -236,6 +236,11 @@ def main():
         print(f"SKIPPED (no llm.c source in {args.llmc}: make llmc_cpu, or bash scripts/get_llmc.sh, "
               "fetches it)")
         return 0
+    with open(os.path.join(data_files.REPO_ROOT, "scripts", "get_llmc.sh")) as f:
+        pinned = re.search(r"^COMMIT=([0-9a-f]{40})", f.read(), re.M).group(1)
+    if commit != pinned[:7]:
+        fail(f"{src} holds llm.c at {commit}, not at the pinned {pinned[:7]} (hint: bash scripts/get_llmc.sh "
+             "fetches it again)")
     needed = [f"{c}/{f}" for c in TEST_CASES for f in ("model.bin", "state.bin")]
     for f in [args.ours, TOKENIZER, TRAIN_SHARD, VAL_SHARD] + needed:
         if not os.path.isfile(f):

@@ -171,10 +171,10 @@ def test_init_statistics_and_determinism():
     for name in ("ln1b", "ln2b", "lnfb", "qkvb", "attprojb", "fcb", "fcprojb"):
         assert not P[name].any(), name
     # seeded: same seed -> same bytes, another seed -> other bytes
-    run_cli("init", "--out", tmp("init_again.bin"), "--layers", "4", "--channels", "128",
-            "--heads", "4", "--vocab", "300", "--max-seq-len", "64")
-    run_cli("init", "--out", tmp("init_seed2.bin"), "--layers", "4", "--channels", "128",
-            "--heads", "4", "--vocab", "300", "--max-seq-len", "64", "--seed", "2")
+    for out, seed in (("init_again.bin", []), ("init_seed2.bin", ["--seed", "2"])):
+        code, _, err = run_cli("init", "--out", tmp(out), "--layers", "4", "--channels", "128",
+                               "--heads", "4", "--vocab", "300", "--max-seq-len", "64", *seed)
+        assert code == 0, err
     first = open(tmp("init.bin"), "rb").read()
     assert first == open(tmp("init_again.bin"), "rb").read(), "init is not deterministic"
     assert first != open(tmp("init_seed2.bin"), "rb").read(), "seed has no effect"
@@ -217,7 +217,8 @@ def test_gradients_vs_finite_differences_float64():
                 numeric = (plus - minus) / (2 * h)
                 analytic = p.grad[idx].item()
                 # float64, central difference with h = 1e-5: truncation ~h^2 and rounding ~1e-16 / h,
-                # both near 1e-10, far below 1e-6; a wrong gradient term is off by O(1)
+                # both near 1e-10: 10x below the absolute 1e-9 that a small or zero gradient gets,
+                # far below 1e-6 of a larger one; a wrong gradient term is off by O(1)
                 assert abs(numeric - analytic) <= 1e-9 + 1e-6 * abs(analytic), f"{name}{tuple(idx)}: autograd {analytic} vs " \
                                    f"finite difference {numeric}"
     assert model.params["wpe"].grad[5:].abs().max() == 0, "positions >= T get no gradient"
@@ -231,8 +232,9 @@ def test_loss_at_init_is_ln_V():
     x = torch.randint(0, 97, (4, 16), generator=gen)
     y = torch.randint(0, 97, (4, 16), generator=gen)
     _, loss = model(x, y)
-    # weights of std 0.02 make the logits nearly 0, the softmax nearly uniform: the loss is
-    # ln V to about 1e-3; 0.05 (1%) still fails a model whose logits are not centred
+    # weights of std 0.02 make the logits nearly 0 (std about 0.02 sqrt(C) = 0.16), the softmax
+    # nearly uniform: the loss is ln V plus about var/2 = 0.013 (0.0167 here); 0.05 (1%) still
+    # fails a model whose logits are not centred
     assert abs(loss.item() - math.log(97)) < 0.05, f"loss {loss.item()} vs ln V {math.log(97)}"
 
 

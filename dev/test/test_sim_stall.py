@@ -1,7 +1,8 @@
 #!/usr/bin/python3
-"""dev/sim_stall.cpp on two tiny models (U = 4, and U = 5, which does not divide its 12
-measured steps): its PCIe bytes per step must be spec 7's formula, and offload's step can
-hide nothing: it is at least the GPU's compute plus the CPU's AdamW.
+"""dev/sim_stall.cpp on two tiny models (U = 4, and U = 5, for which the simulator rounds its
+about 12 measured steps up to whole windows, 15): its PCIe bytes per step must be spec 7's
+formula, and offload's step can hide nothing: it is at least the GPU's compute plus the CPU's
+AdamW.
 
 The bytes are worked out here from the shapes alone (spec 2's n_sel = floor(k IC + 0.5) per
 matrix), independently of zenflow.h: per step, adamw moves nothing; offload every matrix
@@ -18,7 +19,7 @@ import tempfile
 
 K, B, T = 0.1, 2, 32
 MODELS = {"d2c64h4": (2, 64), "d1c40h5": (1, 40)}  # (L, C); maxT 1024, Vp 50304 (the defaults)
-RUNS = [(4, "d2c64h4,d1c40h5"), (5, "d1c40h5")]   # (U, models): a U that does not divide 12 too
+RUNS = [(4, "d2c64h4,d1c40h5"), (5, "d1c40h5")]   # (U, models): a U that does not divide 12 too (15 measured)
 
 
 def cpu_owned(L, C, k, maxT=1024, Vp=50304):

@@ -29,7 +29,7 @@ import data_files  # noqa: E402
 FIXTURE = data_files.REPO_ROOT / "dev" / "test" / "tokenizer_cases.json"
 PREPARE = SCRIPTS / "prepare_tinyshakespeare.py"
 EOT_TEXT = "<|endoftext|>"
-results = {"passed": 0, "failed": 0}
+results = {"passed": 0, "failed": 0, "skipped": 0}
 
 
 def check(name, ok, detail=""):
@@ -43,6 +43,7 @@ def check(name, ok, detail=""):
 
 
 def skip(name, reason):
+    results["skipped"] += 1
     print(f"SKIP {name}: {reason}")
 
 
@@ -250,7 +251,8 @@ def main():
                     t()
                 except Exception:
                     check("no unexpected exception", False, traceback.format_exc().strip())
-    print(f"tokenizer: {results['passed']} passed, {results['failed']} failed")
+    skipped = f", {results['skipped']} not run (SKIP above)" if results["skipped"] else ""
+    print(f"tokenizer: {results['passed']} passed, {results['failed']} failed{skipped}")
     sys.exit(1 if results["failed"] else 0)
 
 

@@ -21,12 +21,13 @@ zeroes the gradients, and the passes call the per-layer hooks (-zp 1, transfers 
    other difference in the selection is a failure. Since every ZenFlow test shares this
    checker (test_common.h), it is first tried on made-up selections that it must reject:
    a column twice, the right columns out of order, one far from the boundary or past it.
-2. Exact invariants (bitwise, on the first case's model and data):
+2. Exact invariants (bitwise, the losses and the parameters after the drain, on the first
+   case's model and data):
    - zenflow with U = 1 and overlap off equals adamw for k = 0.05, 0.1, 0.5 (and with S = 2
      the moments migrate at every other step, so this also proves no moment is lost);
    - offload equals adamw;
-   - two identical zenflow runs give identical losses, also with random delays injected
-     into the updater thread (ZF_WORKER_DELAY_US), and with whole transfers (-zp 0).
+   - two identical zenflow runs are identical, also with random delays injected into the
+     updater thread (ZF_WORKER_DELAY_US), and with whole transfers (-zp 0).
 3. The stall intervals (spec 8) where their count is known: no wait, no interval; nested, one.
 */
 #define TESTING
@@ -81,28 +82,36 @@ static void test_against_reference(const char* dir) {
     }
 }
 
+// a run's losses, then its parameters after the drain: what the exact invariants compare
+static std::vector<float> run_whole(const char* dir, const ZfCase* c, ZfConfig z, int pipeline = 1) {
+    std::vector<float> params;
+    std::vector<float> out = run(dir, c, z, NULL, pipeline, &params);
+    out.insert(out.end(), params.begin(), params.end());
+    return out;
+}
+
 static void test_invariants(const char* dir) {
-    printf("== exact invariants on %s\n", dir);
+    printf("== exact invariants on %s (losses and final parameters)\n", dir);
     ZfCase c = read_zf_case(dir);
-    std::vector<float> ref = run(dir, &c, zf_mode_config(ZF_MODE_ADAMW), NULL);
+    std::vector<float> ref = run_whole(dir, &c, zf_mode_config(ZF_MODE_ADAMW));
     char what[256];
     for (double k : {0.05, 0.1, 0.5}) {
-        int same = bitwise_equal(run(dir, &c, zf_settings(k, 1, 2, 0, 0, ZF_ACCUMULATE_CPU), NULL), ref);
+        int same = bitwise_equal(run_whole(dir, &c, zf_settings(k, 1, 2, 0, 0, ZF_ACCUMULATE_CPU)), ref);
         printf("  zenflow k=%.2f U=1 S=2 overlap off == adamw: %s\n", k, same ? "bitwise" : "DIFFERS");
         snprintf(what, sizeof(what), "zenflow k=%g U=1 without overlap differs from adamw", k);
         check(same, what);
     }
-    int same = bitwise_equal(run(dir, &c, zf_mode_config(ZF_MODE_OFFLOAD), NULL), ref);
+    int same = bitwise_equal(run_whole(dir, &c, zf_mode_config(ZF_MODE_OFFLOAD)), ref);
     printf("  offload == adamw: %s\n", same ? "bitwise" : "DIFFERS");
     check(same, "offload differs from adamw");
 
     // determinism of the threaded path; it must also really differ from adamw
     ZfConfig z = zf_settings(0.1, 3, 6, 0, 1, ZF_ACCUMULATE_CPU);
-    std::vector<float> first = run(dir, &c, z, NULL), second = run(dir, &c, z, NULL);
+    std::vector<float> first = run_whole(dir, &c, z), second = run_whole(dir, &c, z);
     setenv("ZF_WORKER_DELAY_US", "3000", 1);
-    std::vector<float> delayed = run(dir, &c, z, NULL);
+    std::vector<float> delayed = run_whole(dir, &c, z);
     unsetenv("ZF_WORKER_DELAY_US");
-    std::vector<float> whole = run(dir, &c, z, NULL, 0);
+    std::vector<float> whole = run_whole(dir, &c, z, 0);
     printf("  zenflow overlap run twice: %s; with random updater delays: %s; with whole transfers: %s; "
            "differs from adamw: %s\n",
            bitwise_equal(first, second) ? "bitwise equal" : "DIFFERENT",
@@ -110,7 +119,7 @@ static void test_invariants(const char* dir) {
            bitwise_equal(first, whole) ? "bitwise equal" : "DIFFERENT",
            bitwise_equal(first, ref) ? "NO" : "yes");
     check(bitwise_equal(first, second), "two identical zenflow runs differ");
-    check(bitwise_equal(first, delayed), "random updater delays change the losses");
+    check(bitwise_equal(first, delayed), "random updater delays change the run");
     check(bitwise_equal(first, whole), "transfers per layer (-zp 1) and whole (-zp 0) differ");
     check(!bitwise_equal(first, ref), "zenflow with U=3 and overlap equals adamw: is the CPU side doing anything?");
 }
@@ -238,6 +247,5 @@ int main(int argc, char* argv[]) {
     for (int i = 1; i < argc; i++) { test_against_reference(argv[i]); }
     test_invariants(argv[1]);
     test_stall_intervals(argv[1]);
-    printf("test_zenflow: %d passed, %d failed\n", g_passed, g_failed);
-    return g_failed == 0 ? 0 : 1;
+    return test_summary("test_zenflow");
 }
