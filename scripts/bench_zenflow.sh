@@ -5,9 +5,10 @@
 #   bash scripts/bench_zenflow.sh [--quick] [--bin PATH] [--out DIR] [--budget SECONDS]
 #                                 [--models "d12 d48"] [--modes "adamw offload"] [--warmup N] [--steps N]
 #
-#   --quick     d12 and d48 only, the four main modes, 8 measured steps (what
-#               dev/gpu_check.sh runs); zenflow-gpu, which the targets rest on, before
-#               zenflow-cpu, so that a --budget that runs out cuts the other
+#   --quick     d48 and d12 only, the four main modes, 8 measured steps (what
+#               dev/gpu_check.sh runs); d48 first, where the speed-up target is measured,
+#               and zenflow-gpu, which the targets rest on, before zenflow-cpu, so that a
+#               --budget that runs out cuts the others
 #   --modes     which modes (default: all seven below)
 #   --bin       the trainer (default ./train_gpt2cu)
 #   --out       logs, models, data, results (default build/bench_zenflow)
@@ -82,7 +83,7 @@ mode_flags() {
 
 while [ $# -gt 0 ]; do
     case $1 in
-        --quick) MODELS="d12 d48"; MODES="adamw offload zenflow-gpu zenflow-cpu"; STEPS=8; shift ;;
+        --quick) MODELS="d48 d12"; MODES="adamw offload zenflow-gpu zenflow-cpu"; STEPS=8; shift ;;
         --modes) MODES=$2; shift 2 ;;
         --bin) BIN=$(in_caller "$2"); shift 2 ;;
         --out) OUT=$(in_caller "$2"); shift 2 ;;
