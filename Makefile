@@ -55,7 +55,7 @@ ifneq ($(NVCC_FOUND),)
 CUDA_BINS = train_gpt2cu test_gpt2cu cuda_dev
 else
 CUDA_BINS =
-$(info nvcc not found: skipping train_gpt2cu and test_gpt2cu (install the CUDA toolkit to build them))
+$(info nvcc not found: skipping train_gpt2cu, test_gpt2cu and dev/cuda's programs (install the CUDA toolkit to build them))
 endif
 
 HEADERS = $(wildcard llmc/*.h) cpu_adam.h zenflow.h
@@ -101,14 +101,16 @@ build/arch/train_gpt2cpu_%: train_gpt2.cpp cpu_adam.cpp cpu_adam.h $(HEADERS)
 bench_cpu_adam: dev/bench_cpu_adam.cpp cpu_adam.o $(HEADERS)
 	$(CXX) $(CXXFLAGS) $< cpu_adam.o -o $@ $(LDLIBS)
 
-# what the checkpoints' checksums cost at d12, write and read, against plain I/O (2.4 GB on disk)
+# what the checkpoints' checksums cost at d12, write and read, against plain I/O (up to about
+# 4 GB on disk: a state file and its next write's .tmp)
 build/bench_checkpoint: dev/bench_checkpoint.cpp $(HEADERS)
 	@mkdir -p build
 	$(CXX) $(CXXFLAGS) $< -o $@ $(LDLIBS)
 bench_checkpoint: build/bench_checkpoint
 	./build/bench_checkpoint build
 
-# the three modes on a simulated GPU and PCIe link beside ZenFlow's real CPU side (make bench)
+# the modes (zenflow with either accumulation) on a simulated GPU and PCIe link beside ZenFlow's
+# real CPU side (make bench)
 sim_stall: dev/sim_stall.cpp cpu_adam.o $(HEADERS)
 	$(CXX) $(CXXFLAGS) $< cpu_adam.o -o $@ $(LDLIBS)
 
@@ -258,7 +260,7 @@ bench_llmc_cpu: deps data train_gpt2cpu
 	$(PYTHON) scripts/bench_llmc_cpu.py
 
 # cpu_adam vs torch.optim.AdamW vs the memory-bandwidth limit, the shortest GPU step this
-# host's CPU side keeps up with, and the three modes on a simulated H200 and PCIe link with
+# host's CPU side keeps up with, and the modes on a simulated H200 and PCIe link with
 # this host's real CPU side (dev/sim_stall.cpp; its table, and its picture drawn from the CSV)
 bench: deps bench_cpu_adam sim_stall
 	$(PYTHON) scripts/bench_cpu_adam.py --bin ./bench_cpu_adam
@@ -269,4 +271,4 @@ bench: deps bench_cpu_adam sim_stall
 
 clean:
 	rm -f $(CPU_BINS) $(TSAN_BINS) $(ASAN_BINS) bench_cpu_adam train_gpt2cu test_gpt2cu *.o
-	rm -rf $(REF_DIR) build/cuda build/fuzz build/emu
+	rm -rf $(REF_DIR) build/cuda build/fuzz build/emu build/arch build/bench_checkpoint

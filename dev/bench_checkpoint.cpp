@@ -47,7 +47,9 @@ static double write_file(const char* path, const FileShape* f, const char* data,
 static double read_file(const char* path, const FileShape* f, char* data, int hashed, int cold) {
     if (cold) {
         int fd = open(path, O_RDONLY);
-        if (fd < 0 || posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED) != 0) { fatal("%s: cannot drop its pages", path); }
+        if (fd < 0) { fatal("%s: cannot open: %s", path, strerror(errno)); }
+        int rc = posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);  // (returns the error, sets no errno)
+        if (rc != 0) { fatal("%s: cannot drop its pages from the page cache: %s", path, strerror(rc)); }
         close(fd);
     }
     double t0 = now_ms();

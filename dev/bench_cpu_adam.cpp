@@ -190,12 +190,18 @@ static int check_mode(int argc, char** argv) {
                      strtof(argv[9], NULL), strtof(argv[6], NULL)};
     std::vector<float> buf(4 * n);
     FILE* f = fopen((dir + "/in.bin").c_str(), "rb");
-    if (!f || fread(buf.data(), 4, 4 * n, f) != 4 * n) { fprintf(stderr, "cannot read in.bin\n"); return 1; }
+    if (!f || fread(buf.data(), 4, 4 * n, f) != 4 * n) {
+        fprintf(stderr, "error: %s/in.bin: %s\n", dir.c_str(), f ? "shorter than 4n floats" : strerror(errno));
+        return 1;
+    }
     fclose(f);
     float *p = buf.data(), *m = p + n, *v = m + n, *g = v + n;
     zf_cpu_adam_step(p, m, v, g, 1, n, h, s);
     f = fopen((dir + "/out.bin").c_str(), "wb");
-    if (!f || fwrite(buf.data(), 4, 3 * n, f) != 3 * n) { fprintf(stderr, "cannot write out.bin\n"); return 1; }
+    if (!f || fwrite(buf.data(), 4, 3 * n, f) != 3 * n) {
+        fprintf(stderr, "error: %s/out.bin: cannot write: %s\n", dir.c_str(), strerror(errno));
+        return 1;
+    }
     fclose(f);
     return 0;
 }

@@ -6,8 +6,8 @@ follow one path, separated by commas or "and"; "line N" is one line). This scrip
 ranges from the README itself, counts the distinct lines they cover (comments and blank lines
 included: they are read too) and, of those, the lines of C++ code (not blank, not a comment,
 not a #pragma), adds the README's own lines, and prints a table. With --check it also fails
-(exit 1) where the README's stated totals, "N lines in all" and "M lines of C++ code", differ
-from the count.
+(exit 1) where the README's stated figures, "N lines in all", "M lines of C++ code" and "K of
+them in functions", differ from the count or are missing.
 
     python3 dev/reading_path.py [--check]
 """

@@ -366,6 +366,9 @@ int main(int argc, char** argv) {
                    "       [-e MFU] [-w HBM GB/s] [-l launch ms] [-o csv]   (the comment on top of dev/sim_stall.cpp says more)\n");
             return 0;
         }
+        if (flag[0] != '-' || flag[1] == 0 || flag[2] != 0 || strchr("mbtukpfewlo", flag[1]) == NULL) {
+            fatal("sim_stall: unknown flag %s (hint: -h)", flag);
+        }
         if (i + 1 >= argc) { fatal("sim_stall: flag %s needs a value", flag); }
         const char* val = argv[i + 1];
         if (strcmp(flag, "-m") == 0) { models = val; }

@@ -6,8 +6,8 @@
 #                                      (data preparation: GPT-2's tokenizer pattern)
 #   bash scripts/install_deps.sh       everything (`make test`): also python3-torch (the
 #                                      PyTorch references), python3-matplotlib (the plots), clang
-#                                      with libFuzzer's runtime (the fuzzers), and from PyPI
-#                                      transformers, safetensors and huggingface_hub
+#                                      with libFuzzer's runtime (the fuzzers), and python3-pip with
+#                                      PyPI's transformers, safetensors and huggingface_hub
 #                                      (scripts/convert_hf.py and its test), pinned below
 # Does nothing when everything is there; needs root (or sudo) only when it must install.
 set -euo pipefail
@@ -31,7 +31,7 @@ done
 SUDO=""
 as_root() {  # as_root WHAT: root, or sudo, or stop with a hint
     if [ "$(id -u)" -ne 0 ]; then
-        command -v sudo >/dev/null 2>&1 || { echo "error: $1 missing and not root (hint: sudo bash $0)" >&2; exit 1; }
+        command -v sudo >/dev/null 2>&1 || { echo "error: $1 missing and not root (hint: sudo bash $0 ${1:-})" >&2; exit 1; }
         SUDO=sudo
     fi
 }
