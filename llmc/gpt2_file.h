@@ -279,7 +279,7 @@ static inline int gpt2_parse_model_spec(const char* spec, GPT2Config* c) {
             default: return 0;
         }
     }
-    if (bad != 0) { fatal("-e %s: the number after '%c' must be 1 to 1048576", spec, bad); }
+    if (bad != 0) { fatal("model shape %s: the number after '%c' must be 1 to 1048576", spec, bad); }
     if (C == 0 && NH == 0) {  // the GPT-2 family
         switch (L) {
             case 12: C = 768; NH = 12; break;
@@ -287,12 +287,12 @@ static inline int gpt2_parse_model_spec(const char* spec, GPT2Config* c) {
             case 36: C = 1280; NH = 20; break;
             case 48: C = 1600; NH = 25; break;
             default:
-                fatal("-e %s: unknown GPT-2 size (hint: d12, d24, d36, d48, or a shape such as "
+                fatal("model shape %s: unknown GPT-2 size (hint: d12, d24, d36, d48, or a shape such as "
                         "d4c256h4)", spec);
         }
     }
     if (L == 0 || C == 0 || NH == 0) {
-        fatal("-e %s: a custom shape needs d<L>c<C>h<NH>, e.g. d4c256h4", spec);
+        fatal("model shape %s: a custom shape needs d<L>c<C>h<NH>, e.g. d4c256h4", spec);
     }
     c->num_layers = L;
     c->channels = C;

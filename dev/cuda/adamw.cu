@@ -7,7 +7,7 @@ if neither side fuses a*b + c into an FMA: this file (device and host code) is b
 -fmad=false and -Xcompiler -ffp-contract=off. If this check fails, look at the build flags
 first.
 
-  make -C dev/cuda && ../../build/cuda/adamw
+  make -C dev/cuda && ./build/cuda/adamw
 */
 #include "common.h"
 

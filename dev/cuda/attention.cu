@@ -12,7 +12,7 @@ Validated with TF32 off (plain fp32) against the CPU trainer's attention_forward
 the matmuls sum over hs or T in another order, so 1e-5 (forward) and 1e-4 (backward,
 relative to the tensor). Timed with TF32 on and off.
 
-  make -C dev/cuda && ../../build/cuda/attention
+  make -C dev/cuda && ./build/cuda/attention
 */
 #include "cpu_reference.h"  // the CPU trainer's layer functions, named *_cpu
 #include "common.h"

@@ -9,7 +9,7 @@ train_gpt2.cpp. The CPU sums the V exponentials serially, the GPU per thread (wi
 rescalings) and then in a tree, which differ by ~sqrt(V) ulps (~1e-5 relative for
 V = 50257), hence tolerances of 1e-5. V = 3 leaves most threads without an element.
 
-  make -C dev/cuda && ../../build/cuda/classifier
+  make -C dev/cuda && ./build/cuda/classifier
 */
 #include "cpu_reference.h"  // the CPU trainer's layer functions, named *_cpu
 #include "common.h"

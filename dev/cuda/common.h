@@ -1,13 +1,14 @@
 /*
 Shared by the kernel files in dev/cuda (llm.c's dev/cuda convention): each file takes the
 CPU reference of one kernel family (the CPU trainer's own functions through cpu_reference.h,
-or, where the CPU trainer has none, a plain one of its own), validates the trainer's kernels
+or a plain one of its own where the CPU trainer has none or a more exact one is wanted:
+matmul.cu's sums in double), validates the trainer's kernels
 (llmc/cuda_kernels.cuh, the very code train_gpt2.cu runs) against it on random data at
 several sizes, then times them.
 
 - validate_result: copies a device result back and compares it with the CPU reference,
   "relative to the tensor" like the tests (max |gpu - cpu| / max |cpu|); tolerance 0 means
-  bitwise equal. Prints one line; returns 1 on failure (the program's exit code counts them).
+  bitwise equal. Prints one line; returns 1 on failure (finish() exits 1 if any check failed).
 - benchmark_us: mean time of a launch over `repeats` runs, timed with CUDA events, with the
   L2 cache flushed before each run (otherwise a kernel re-reading its own input from a
   50 MB L2 would look faster than it is).

@@ -17,11 +17,12 @@ the default stream three ways (cudaMemcpy from pageable memory, as the trainer d
 cudaMemcpyAsync from pinned memory; a kernel through mapped memory), alone and while a
 1 GiB copy of the same direction runs on another stream; and, as controls, a kernel on
 device memory and a cudaMemsetAsync while copies run both ways. It prints one table and a
-line saying whether small copies waited; there is no pass or fail in the timings.
+summary line that puts the small transfers' times beside the copy's (one that waited takes
+about as long as the copy); there is no pass or fail in the timings.
 
 Validation (on the CPU emulator too): both mapped paths move the right bytes.
 
-  make -C dev/cuda && ../../build/cuda/copy_engines
+  make -C dev/cuda && ./build/cuda/copy_engines
 */
 #include <algorithm>
 

@@ -305,7 +305,7 @@ def check_random(L, C, NH, V, maxT, B, T, Bmax=None, Tmax=None, seed=0):
         g = ref.pad_rows(g, Vp) if nm == "wte" else g
         errors[nm] = rel(m.grads_mem[off:off + sz], g.reshape(-1).numpy())
         off += sz
-    worst = max(errors.values())
+    worst = np.max(list(errors.values()))  # np.max, not max: a nan stays the largest error
     ok = np.isfinite(worst) and worst < 1e-10
     print(f"random L={L} C={C} NH={NH} V={V} B={B} T={T} (allocated for {Bmax or B}x{Tmax or T}): "
           f"worst rel error {worst:.1e}  {'ok' if ok else 'FAIL ' + str(errors)}")
@@ -314,7 +314,9 @@ def check_random(L, C, NH, V, maxT, B, T, Bmax=None, Tmax=None, seed=0):
 
 def check_case(d):
     """A test case directory: emulation (float64) vs the reference's state.bin and losses.txt,
-    with the tolerances of test_gpt2cu."""
+    with test_gpt2cu's tolerances (logits and loss 1e-5, each step's loss 2e-5) but for the
+    gradients: 1e-4, as float64 meets the reference's float32 rounding, 7.1e-6 on the vocab case
+    (5.0e-7 on tiny; the trajectory's worst is 1.2e-6)."""
     h = np.fromfile(f"{d}/model.bin", dtype="<i4", count=256)
     maxT, V, L, NH, C, Vp = (int(v) for v in h[2:8])
     cfg = dict(L=L, C=C, NH=NH, V=V, Vp=Vp, maxT=maxT)
@@ -338,7 +340,7 @@ def check_case(d):
     ok = logits_err <= 1e-5 and loss_err <= 1e-5
     worst_grad, off = 0.0, 0
     for sz in param_sizes(cfg):
-        worst_grad = max(worst_grad, rel(m.grads_mem[off:off + sz], grads_ref[off:off + sz]))
+        worst_grad = np.maximum(worst_grad, rel(m.grads_mem[off:off + sz], grads_ref[off:off + sz]))
         off += sz
     ok = ok and worst_grad <= 1e-4
     # the AdamW trajectory (spec 3.1 in float64) on consecutive batches of train.bin
@@ -358,7 +360,7 @@ def check_case(d):
             pos = 0
         m.grads_mem[:] = 0
         backward(m)
-        worst_traj = max(worst_traj, abs(m.mean_loss - ref_losses[t]))
+        worst_traj = np.maximum(worst_traj, abs(m.mean_loss - ref_losses[t]))  # a nan stays
         s, off = t + 1, 0
         for i, sz in enumerate(param_sizes(cfg)):
             sl, g = slice(off, off + sz), m.grads_mem[off:off + sz]
@@ -367,7 +369,7 @@ def check_case(d):
             upd = (mom1[sl] / (1 - 0.9 ** s)) / (np.sqrt(mom2[sl] / (1 - 0.95 ** s)) + 1e-8)
             m.params_mem[sl] -= lr * (upd + (wd if is_matrix[i] else 0.0) * m.params_mem[sl])
             off += sz
-    ok = ok and worst_traj <= 1e-4
+    ok = ok and worst_traj <= 2e-5
     print(f"case {d}: logits rel {logits_err:.1e}, loss |err| {loss_err:.1e}, worst grad rel "
           f"{worst_grad:.1e}, trajectory max |err| {worst_traj:.1e}  {'ok' if ok else 'FAIL'}")
     return ok

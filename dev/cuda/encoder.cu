@@ -7,7 +7,7 @@ Encoder (token + position embeddings), forward and backward.
 The backward kernels add in the CPU's order (positions bucketed by token on the host), so
 both directions must match the CPU bit for bit (tolerance 0).
 
-  make -C dev/cuda && ../../build/cuda/encoder
+  make -C dev/cuda && ./build/cuda/encoder
 */
 #include "cpu_reference.h"  // the CPU trainer's layer functions, named *_cpu
 #include "common.h"

@@ -8,7 +8,7 @@ Tolerances: the warp sums add in another order than the CPU's serial loops, so r
 agree to a few ulps times the length of the sums: 1e-5 for the forward, 1e-5 for dinp,
 1e-4 for dweight/dbias (sums over all N rows).
 
-  make -C dev/cuda && ../../build/cuda/layernorm
+  make -C dev/cuda && ./build/cuda/layernorm
 */
 #include "cpu_reference.h"  // the CPU trainer's layer functions, named *_cpu
 #include "common.h"
@@ -107,7 +107,7 @@ int main(void) {
     validate(1, 1, &rng);
     validate(3, 7, &rng);
     validate(64, 768, &rng);
-    validate(1000, 100, &rng);   // a partial last chunk in the column sums
+    validate(1000, 100, &rng);   // a partial last block of 8 columns; rows unequal over the 128 lanes
     validate(8192, 768, &rng);   // GPT-2 124M's C, B*T = 8 x 1024
     validate(97, 1600, &rng);    // GPT-2 1.5B's C
     benchmark(8 * 1024, 768, &rng);

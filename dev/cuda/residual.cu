@@ -4,7 +4,7 @@ carries one dresidual buffer down the layers instead of running a kernel).
 
   forward: out = a + b   (one fp32 addition, so bitwise the CPU's)
 
-  make -C dev/cuda && ../../build/cuda/residual
+  make -C dev/cuda && ./build/cuda/residual
 */
 #include "cpu_reference.h"  // the CPU trainer's layer functions, named *_cpu
 #include "common.h"

@@ -20,7 +20,7 @@ Validation (tolerance 0 = bitwise unless said):
 Timing (GPT-2 124M layout, k = 0.1 and k = 1): gather, scatter, selective AdamW against
 plain AdamW over the same elements, zeroing, and the copies over PCIe (pinned host memory).
 
-  make -C dev/cuda && ../../build/cuda/zenflow
+  make -C dev/cuda && ./build/cuda/zenflow
 */
 #include <vector>
 

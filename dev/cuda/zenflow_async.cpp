@@ -125,9 +125,11 @@ static int g_hold_index = -1;             // -1: no hold
 static int g_hold_until = 0;
 static int g_prefetches = 0;              // window updates so far (updater thread only)
 static int g_hold_timeouts = 0;
+static int g_holds = 0;                   // holds that took place (1 per held run)
 
 static void hold_window_update(void) {
     if (g_hold_index < 0 || g_prefetches++ != g_hold_index) { return; }
+    g_holds++;
     for (int ms = 0; g_steps_done.load() < g_hold_until; ms++) {
         if (ms == 5000) {
             g_hold_timeouts++;
@@ -455,12 +457,16 @@ static void test_never_waits_inside_a_window(const char* dir) {
         g_hold_index = (int)i;
         g_hold_until = windows[i + 1].first;  // zf_step of every step before the next boundary returned
         g_hold_timeouts = 0;
+        g_holds = 0;
         Run held = run(dir, &c, z, LATE, NULL, 0, 1);
         g_hold_index = -1;
         char what[256];
         snprintf(what, sizeof(what), "-za %s U=%s: update of the window closed at step %d held until %d",
                  zf_accumulate_names[tr], auto_u ? "auto" : "4", windows[i].first, windows[i + 1].first);
-        printf("  %-66s %s\n", what, g_hold_timeouts == 0 ? "no wait" : "FAIL (the loop waited for it)");
+        const char* verdict = g_holds != 1 ? "FAIL (the update never reached its prefetch: no hold)"
+                              : g_hold_timeouts == 0 ? "no wait" : "FAIL (the loop waited for it)";
+        printf("  %-66s %s\n", what, verdict);
+        check(g_holds == 1, "the held window update never called params_prefetch, so nothing was held");
         check(g_hold_timeouts == 0, "the training loop waited inside a window for a held-back window update");
         report_same(same_run(held, free), "... and the run is the same as without the hold", REPORT_WIDTH);
     }
@@ -478,6 +484,5 @@ int main(int argc, char* argv[]) {
     printf("  %-66s %d  %s\n", "protocol errors (a copy's host buffer changed too early)", g_protocol_errors,
            g_protocol_errors == 0 ? "ok" : "FAIL");
     check(g_protocol_errors == 0, "zenflow.h wrote a host buffer that a copy could still be reading");
-    printf("zenflow_async: %d passed, %d failed\n", g_passed, g_failed);
-    return g_failed == 0 ? 0 : 1;
+    return test_summary("zenflow_async");
 }

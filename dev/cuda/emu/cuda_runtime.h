@@ -11,9 +11,10 @@ by dev/cuda/emu/cu2cpp.py, line for line). What it checks that a compile cannot:
     to its next shuffle or barrier) before the next warp starts: legal on a GPU, and the
     order in which a missing barrier changes the result. EMU_REVERSE=1 runs blocks, warps
     and lanes in the opposite order (the other side of a race);
-  - launch rules: a grid or block of size 0, more than 1024 threads, grid.y/z > 65535;
-    __syncthreads() or a full-mask shuffle that some threads of the block/warp skip
-    (an early return before a reduction): each stops the program with one line;
+  - launch rules: a grid or block of size 0, more than 1024 threads, grid.y/z > 65535 fail
+    the launch as on a GPU (one line, and the error for cudaGetLastError, which every
+    launcher checks); __syncthreads() or a full-mask shuffle that some threads of the
+    block/warp skip (an early return before a reduction) stops the program with one line;
   - pointers: a kernel's pointer argument, and both ends of every cudaMemcpy/cudaMemset,
     must lie in a live allocation of the right side (device or host; a kernel may also use
     host memory from cudaHostAlloc(..., cudaHostAllocMapped)); device memory and
@@ -48,7 +49,8 @@ by dev/cuda/emu/cu2cpp.py, line for line). What it checks that a compile cannot:
     are ordered, and cuBLASLt products are checked as whole ranges read and written.
 Not modelled: timing (events read a host clock when they run), atomics, dynamic shared
 memory, streams other than non-blocking ones.
-Build with the headers of this folder first on the include path (see dev/cuda/emu/Makefile).
+Build with the headers of this folder first on the include path (the top-level Makefile's emu
+targets, EMU_FLAGS).
 */
 #ifndef EMU_CUDA_RUNTIME_H
 #define EMU_CUDA_RUNTIME_H
