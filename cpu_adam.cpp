@@ -178,7 +178,7 @@ static void zf_worker_main(ZfWorker* u) {
         {
             std::lock_guard<std::mutex> lk(u->mu);
             // the first error sticks: later jobs are skipped, and the main thread reports it
-            // (one line, with the step) at its next wait
+            // (one line, with the step) at its next check: every step and after every wait
             if (status != 0 && u->error == 0) { u->error = status; }
             u->finished++;
         }
@@ -191,7 +191,13 @@ ZfWorker* zf_worker_create(int omp_threads) {
     u->omp_threads = omp_threads;
     const char* env = getenv("ZF_WORKER_DELAY_US");
     if (env && *env) {
-        u->delay_max_us = strtol(env, NULL, 10);
+        char* end = NULL;
+        u->delay_max_us = strtol(env, &end, 10);
+        if (*end != '\0' || u->delay_max_us < 0 || u->delay_max_us > 10000000) {
+            fprintf(stderr, "error: ZF_WORKER_DELAY_US=%s is not a number of microseconds from 0 to 10000000 "
+                            "(hint: it is the tests' debug delay; unset it to train)\n", env);
+            exit(1);
+        }
         u->rng = (uint64_t)std::chrono::steady_clock::now().time_since_epoch().count();
         fprintf(stderr, "zf_worker: debug delays of 0..%ld us around every job\n", u->delay_max_us);
     }

@@ -104,7 +104,7 @@ void layernorm_forward(float* out, float* mean, float* rstd,  // (B,T,C), (B,T),
 
 void layernorm_backward(float* dinp, float* dweight, float* dbias,  // (B,T,C), (C), (C)
                         const float* dout, const float* inp,        // (B,T,C), (B,T,C)
-                        const float* weight, const float* mean, const float* rstd,  // (C), (B,T)
+                        const float* weight, const float* mean, const float* rstd,  // (C), (B,T), (B,T)
                         int B, int T, int C) {
     // input gradient, row by row:
     // dx = rstd * (dnorm - mean(dnorm) - norm * mean(dnorm * norm)), dnorm = weight * dout
@@ -717,8 +717,8 @@ typedef struct {
     float* gpu_v;    // (num_parameters) in the model's layout
 } CpuDevice;
 
-// packed[r * rows + o] = full[o * cols + order[r]] for the columns order[0..count): a
-// transpose. Element by element, every write to packed (or read, in scatter) would touch its
+// packed[r * rows + o] = full[mat->offset + o * cols + order[r]] for the columns
+// order[0..count): a transpose. Element by element, every write to packed (or read, in scatter) would touch its
 // own cache line, one row's length apart. So the rows go in blocks of COPY_ROWS: a block
 // writes COPY_ROWS consecutive floats of each packed column (one 64-byte line) and reads its
 // COPY_ROWS rows' cache lines once for all the columns they hold. Offload's transfer time
@@ -967,7 +967,8 @@ void zf_cpu_init(ZenFlow* zf, CpuDevice* dev, GPT2* model, ZfConfig cfg) {
     dev->model = model;
     // they stand for cudaMalloc'ed memory, which has its pages from the start: in zenflow
     // mode the first GPU-side AdamW (or a migration) scatters columns over nearly every page
-    // of them, and would otherwise count Linux's first-write page faults as its time (d12: 1-2 s)
+    // of them, and would otherwise count Linux's first-write page faults as its time (d12: 1-2 s).
+    // zf_init's host-memory check leaves them out, as it leaves out the model's own buffers.
     size_t n = model->num_parameters;
     int zenflow = zf->cfg.mode == ZF_MODE_ZENFLOW;
     dev->gpu_m = zf_host_zeros(n, zenflow);
@@ -1077,8 +1078,7 @@ int main(int argc, char* argv[]) {
 
     model.zf = &zf;
     zf_print_config(&zf);
-    printf("[memory] CPU side (master, m, v, accumulators, landing, migration) %.1f MiB of %.1f MiB "
-           "available (%s)\n", zf.stats.host_need_mib, zf.stats.host_available_mib, zf.stats.host_source);
+    zf_print_host_memory(&zf);
     // what the CUDA trainer would allocate on a GPU in this mode (llmc/gpu_memory.h)
     GpuMemorySplit split = {zf.own.vector_elems, zf.own.gpu_capacity, zf.own.cpu_capacity, zcfg.overlap,
                             zcfg.update_interval == ZF_AUTO};

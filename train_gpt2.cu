@@ -442,8 +442,7 @@ static void print_memory_table(const GPT2* model, const ZenFlow* zf) {
     printf("[memory] device in use %.1f MiB (%zu bytes, with the CUDA context's), free %.1f MiB of %.1f\n",
            (total_bytes - free_bytes) / 1048576.0, total_bytes - free_bytes, free_bytes / 1048576.0,
            total_bytes / 1048576.0);
-    printf("[memory] CPU side (master, m, v, accumulators, landing, migration) %.1f MiB of %.1f MiB available (%s)\n",
-           zf->stats.host_need_mib, zf->stats.host_available_mib, zf->stats.host_source);
+    zf_print_host_memory(zf);
 }
 
 // After step s: the step line, main.log's trl: line (s - 1, as llm.c numbers it: the updates the

@@ -94,8 +94,8 @@ typedef struct {
     double cpu_ms_at_begin;
 } ZfCudaStats;
 
-// auto U (spec 6): per matrix sums of |g|, GPU-owned then CPU-owned; abs_sums' last kernel
-// writes them into mapped host memory (no copy: it would queue behind the gradients leaving)
+// auto U (spec 6): per matrix sums of |g|, GPU-owned then CPU-owned, which abs_sums' finalize
+// kernels (one per side) write into mapped host memory (a copy would queue behind the gradients)
 typedef struct {
     double* partial;   // (most chunks either side can have) device
     double* host;      // (2 num_matrices) mapped pinned host memory ...
@@ -129,7 +129,7 @@ typedef struct {
     // the rest is not the default step's: the selection's, the options', the measurement
     int *order, *h_order;  // (every matrix's cols) the sets' columns
     int* vector_order;     // (1) device: {0}, the one column of a vector's set
-    float* host_moments;   // (vector_elems + gpu_capacity) pinned host scratch for the layout change
+    float* host_moments;   // (vector_elems + gpu_capacity) host scratch for the layout change (pinned: zf_cuda_init)
     float* scores;         // (every matrix's cols) device, 4.2.2
     float* score_partial;  // (COLSUM_MAX_CHUNKS, the widest matrix's cols) device
     ZfGrid cpu_chunks;     // the CPU's sets by chunks (auto U)

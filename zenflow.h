@@ -897,9 +897,9 @@ static inline int zf_landing_buffers(const ZfConfig* cfg) {
 
 // The most host memory zf_init allocates, in bytes: master, m, v (c floats each); in zenflow
 // mode the two accumulators, the GPU-side moments' four copies and the backend's (g each); the
-// migration's m and v; the landing buffers. (Other modes need host copies of the GPU's
-// moments only at a checkpoint: the selection's buffers, allocated but untouched until then,
-// and not counted here.)
+// migration's m and v; the landing buffers. (Other modes touch more only at a checkpoint: the
+// selection's host copies of the GPU's moments and, in offload mode, A, which the file holds as
+// zeros; allocated, untouched until then, and not counted here.)
 static inline double zf_host_bytes(const ZfConfig* cfg, size_t c, size_t g, int backend_copies) {
     const int zenflow = cfg->mode == ZF_MODE_ZENFLOW, migrates = zf_migrates(cfg);
     return 4.0 * ((3.0 + 2.0 * zenflow + 2.0 * migrates + zf_landing_buffers(cfg)) * c +
@@ -944,9 +944,17 @@ static inline void zf_check_host_memory(ZenFlow* zf) {
               "ZF_HOST_MEMORY_MB=<MiB> says how much it can have)",
               need / 1048576.0, available / 1048576.0, source);
     }
-    zf->stats.host_need_mib = need / 1048576.0;  // for the trainers' [memory] line
+    zf->stats.host_need_mib = need / 1048576.0;  // for zf_print_host_memory
     zf->stats.host_available_mib = available / 1048576.0;
     zf->stats.host_source = source;
+}
+
+// the trainers' [memory] line of the CPU side: what zf_check_host_memory compared
+static inline void zf_print_host_memory(const ZenFlow* zf) {
+    const ZfStats* st = &zf->stats;
+    printf("[memory] CPU side (master, m, v, accumulators, landing, migration) %.1f MiB", st->host_need_mib);
+    if (st->host_available_mib >= 0) { printf(" of %.1f MiB available", st->host_available_mib); }
+    printf(" (%s)\n", st->host_source);
 }
 
 // A CPU-side buffer of n zeros; now = 1: written at once, by every thread. Linux maps a page
@@ -1186,8 +1194,8 @@ static inline void zf_load_state(void* ctx, FILE* fp, const char* path) {
     if (topk != c->topk || ints[0] != (int)c->mode || ints[1] != c->update_interval ||
         ints[2] != c->select_interval || ints[3] != c->warmup || ints[4] != c->overlap) {
         char was_u[16], now_u[16];
-        fatal("%s: written with -zo %s -zk %g -zu %s -zs %d -zw %d -zv %d, but this run uses "
-              "-zo %s -zk %g -zu %s -zs %d -zw %d -zv %d (hint: resume with the same flags)",
+        fatal("%s: written with -zo %s -zk %.15g -zu %s -zs %d -zw %d -zv %d, but this run uses "
+              "-zo %s -zk %.15g -zu %s -zs %d -zw %d -zv %d (hint: resume with the same flags)",
               path, ints[0] >= 0 && ints[0] < 3 ? zf_mode_names[ints[0]] : "?", topk,
               zf_u_flag(ints[1], was_u), ints[2], ints[3], ints[4], zf_mode_names[c->mode], c->topk,
               zf_u_flag(c->update_interval, now_u), c->select_interval, c->warmup, c->overlap);
@@ -1351,7 +1359,7 @@ static inline void zf_print_step_stats(ZenFlow* zf) {
     "  -zp <0|1>    move the transfers layer by layer, overlapping the backward / forward pass\n" \
     "               (same numbers either way; default 1)\n" \
     "  -zl <string> write every selection (columns and scores), and with -zu auto every\n" \
-    "               window's close, to this file\n" \
+    "               window's close after the warm-up, to this file\n" \
     "  -zd <string> write every step's column scores to this file (CPU trainer; the locality study)\n" \
     "  -zm <string> write per-step measurements as CSV to this file (CUDA trainer)\n" \
     "Step line: loss of the batch before the update; cpu = the last window update's CPU time and\n" \
@@ -1382,6 +1390,8 @@ static inline ZfConfig zf_parse_flags(const char* const z[26], const char* train
                     c.update_interval = ZF_AUTO;
                 } else if (val[0] < '0' || val[0] > '9') {
                     fatal("flag -zu: '%s' is neither a number of steps nor auto", val);
+                } else if (strcmp(val, "0") == 0) {
+                    fatal("flag -zu: 0 is not a number of steps (hint: -zu auto lets the run decide)");
                 } else {
                     c.update_interval = (int)parse_int(flag, val, 1, 1 << 20);
                 }

@@ -723,7 +723,7 @@ static void matmul_cublaslt(float* d, const float* a, const float* b, const floa
         }
     }
     // name only the tries that were made: a fallback that does not apply was not tried
-    const char* tried = bias != NULL ? (tf32 ? "with and without the bias epilogue, in TF32 and in fp32"
+    const char* tried = bias != NULL ? (tf32 ? "with and without the bias epilogue in TF32, then without it in fp32"
                                              : "with and without the bias epilogue, in fp32")
                                      : (tf32 ? "in TF32 and in fp32" : "in fp32 (-f 0), the only try");
     fatal("cuBLASLt has no algorithm for m=%d n=%d k=%d transa=%d transb=%d batch=%d bias=%d (alignments "

@@ -97,6 +97,8 @@ static inline int same_folder(const char* a, const char* b) {
 // passed, so that a run refused on the way leaves the file as it was. Its folder may be the run's
 // output directory (out_dir: -o, or NULL), which the run creates before it opens the file.
 static inline void check_output_file(const char* flag, const char* path, const char* out_dir) {
+    const size_t len = strlen(path);
+    if (len == 0 || path[len - 1] == '/') { fatal("flag %s: '%s' is not a file name (hint: name a file)", flag, path); }
     char copy[4096];
     snprintf(copy, sizeof(copy), "%s", path);
     const char* dir = dirname(copy);  // ("." for a bare name)

@@ -50,7 +50,7 @@ Decisions where the spec leaves room:
     window that is still open when training stops (n < U) are dropped, not applied.
   - With overlap the background job is computed at once, at its submission (its inputs are
     frozen then, spec 5); only its apply to the working copy is deferred.
-  - Auto U (spec 6; docs/zenflow_spec.md section 10 has the project's reading): the sums
+  - Auto U (spec 6; docs/zenflow_spec.md section 6.1 has the project's reading): the sums
     sum_o |g[o, j]| and sum_o |A[o, j]| and their means are taken in float64; a matrix with
     no selected column has c = 0 (it is always ready), one with no unselected column u = 0.
     The first step of a window can never close it (nothing was evaluated before it), unless
@@ -181,7 +181,7 @@ class ZenFlow:
         with torch.no_grad():
             for mx in self.matrices:
                 W = mx.of(self.working)
-                # before the first selection every matrix element is CPU-owned (4.1)
+                # before the first selection every matrix element is CPU-owned (4.1, and section 10)
                 self.gpu_cols[mx.name] = torch.zeros(0, dtype=torch.long)
                 self.cpu_cols[mx.name] = torch.arange(mx.IC)
                 self.gpu_m[mx.name] = torch.full_like(W, NOT_OWNED)
