@@ -116,6 +116,9 @@ def main():
             ("seed 0 (the sampler's xorshift state would stay 0)", ["-r", "0"], "-r"),
             ("-zp out of range", ["-zp", "2"], "-zp"),
             ("-zu neither a number nor auto", ["-zu", "often"], "-zu"),
+            ("-zu 0 (auto is the word)", ["-zu", "0"], "-zu auto"),
+            ("an empty -zl file name", ["-zl", ""], "is not a file name"),
+            ("a -zl name that ends in /", ["-zl", "nodir/"], "is not a file name"),
             ("-zx out of range", ["-zu", "auto", "-zx", "0"], "-zx"),
             ("-n without -o", ["-n", "5", "-o", None], "-o"),
             ("unknown model spec", ["-e", "d13"], "d13"),
@@ -128,6 +131,8 @@ def main():
             ("tokenizer version 3", ["-k", os.path.join(tmp, "tokenizer_v3.bin")], "version 3"),
             # the CPU side's buffers (about 70 KiB here) against a pretended 10 KiB of free memory
             ("too little host memory", [], "of host memory", {"ZF_HOST_MEMORY_MB": "0.01"}),
+            # the tests' debug delay: a typo would run a determinism test without delays
+            ("ZF_WORKER_DELAY_US not a number", [], "ZF_WORKER_DELAY_US", {"ZF_WORKER_DELAY_US": "abc"}),
             # enough for the window state, not for the migration a reselection (-zs 100) will
             # do: refused at start, not killed by the OOM killer at step 100 (-zs 0 trains, below)
             ("too little host memory for a migration", [], "of host memory", {"ZF_HOST_MEMORY_MB": between}),
