@@ -2,7 +2,8 @@
 # Runs the libFuzzer targets of dev/fuzz for a bounded time each (`make fuzz` builds them
 # into build/fuzz and calls this). Every input in dev/fuzz/regressions/<target>/ (crashes
 # found earlier, kept as regression tests) runs first; then the fuzzer explores from a seed
-# corpus of valid files written by the project's own tools.
+# corpus of valid files: a tiny model and its checkpoint written by the CPU trainer, a shard
+# and a tokenizer written here. An input that runs longer than 10 s is a hang: a finding.
 #
 #   bash dev/fuzz/run_fuzzers.sh [seconds per target, default 15]
 #
@@ -13,6 +14,7 @@ cd "$(dirname "$0")/../.."
 SECONDS_EACH=${1:-15}
 B=build/fuzz
 mkdir -p "$B/seeds"/{model,shard,tokenizer,checkpoint}
+rm -f "$B"/crash_*  # an earlier run's findings: once fixed they live in dev/fuzz/regressions/
 
 # seeds: a tiny model and its checkpoint (written by the CPU trainer), a shard, a tokenizer
 tmp=$(mktemp -d)
@@ -46,20 +48,23 @@ for target in model shard tokenizer checkpoint; do
     regressions=dev/fuzz/regressions/$target
     if [ -d "$regressions" ] && [ -n "$(ls -A "$regressions")" ]; then
         echo "== fuzz_$target: regression inputs"
-        "$bin" -close_fd_mask=2 "$regressions"/* || status=1
+        if ! "$bin" -timeout=10 -close_fd_mask=2 "$regressions"/* > "$B/${target}_regressions.log" 2>&1; then
+            echo "fuzz: FAILED: an input of $regressions crashes again (report: $B/${target}_regressions.log)"
+            status=1
+        fi
     fi
     corpus=$B/corpus/$target
     mkdir -p "$corpus"
     cp -n "$B/seeds/$target"/* "$corpus/" 2>/dev/null || true
     echo "== fuzz_$target: ${SECONDS_EACH} s"
     # -close_fd_mask=2: the readers' one-line rejections would flood the output
-    "$bin" -max_total_time="$SECONDS_EACH" -close_fd_mask=2 -rss_limit_mb=2048 \
+    "$bin" -max_total_time="$SECONDS_EACH" -timeout=10 -close_fd_mask=2 -rss_limit_mb=2048 \
         -artifact_prefix="$B/crash_${target}_" "$corpus" > "$B/$target.log" 2>&1 || status=1
     tail -n 2 "$B/$target.log"
 done
 found=$(find "$B" -maxdepth 1 -name 'crash_*' | wc -l)
 if [ "$status" -ne 0 ] || [ "$found" -ne 0 ]; then
-    echo "fuzz: FAILED: $found crashing inputs in $B (logs: $B/<target>.log; copy each input into dev/fuzz/regressions/<target>/ once fixed)"
+    echo "fuzz: FAILED: $found new crashing inputs in $B (logs: $B/<target>.log; move each input into dev/fuzz/regressions/<target>/ once fixed)"
     exit 1
 fi
 echo "fuzz: 4 targets ran ${SECONDS_EACH} s each, no crash"
