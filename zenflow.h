@@ -1205,7 +1205,8 @@ static inline void zf_load_state(void* ctx, FILE* fp, const char* path) {
         fatal("%s: written with -za %s, but this run uses -za %s (hint: resume with the same flags)", path,
               more[3] == ZF_ACCUMULATE_GPU ? "gpu" : "cpu", zf_accumulate_names[c->accumulate]);
     }
-    int longest = c->update_interval == ZF_AUTO ? c->max_update_interval : c->update_interval;
+    // (auto U: the file's -zx comes at its end, compared below; until then the flag's bound)
+    int longest = c->update_interval == ZF_AUTO ? 1 << 20 : c->update_interval;
     if (ints[5] < 0 || ints[5] >= longest || (ints[6] != 0 && ints[6] != 1) ||
         (ints[6] == 1 && !c->overlap) || more[0] < 0) {
         fatal("%s: corrupt window state (n=%d, pending=%d)", path, ints[5], ints[6]);
@@ -1247,7 +1248,9 @@ static inline void zf_load_state(void* ctx, FILE* fp, const char* path) {
             fatal("%s: written with -zx %d, but this run uses -zx %d (hint: resume with the same flags)", path,
                   auto_ints[0], c->max_update_interval);
         }
-        if (auto_ints[1] != 0 && auto_ints[1] != 1) { fatal("%s: corrupt auto-U state", path); }
+        if ((auto_ints[1] != 0 && auto_ints[1] != 1) || zf->win.n >= c->max_update_interval) {
+            fatal("%s: corrupt auto-U state", path);
+        }
         zf->autou.close_next = auto_ints[1];
         freadCheck(zf->autou.c_sum, sizeof(double), own->num_matrices, fp, path);
     }

@@ -238,6 +238,9 @@ static inline void write_checkpoint(const RunDir* run, int step, int evaluated, 
     fwriteCheck(words, sizeof(uint64_t), 2, fp, file->tmp);
     opt.save(opt.ctx, fp, file->tmp);
     m.state = hashed_commit(file);
+    if (run->log != NULL && (fflush(run->log) != 0 || fsync(fileno(run->log)) != 0)) {  // its lines up to here, too
+        fatal("%s/main.log: cannot write: %s (hint: check the disk)", dir, strerror(errno));
+    }
     manifest_write(dir, &m);  // last: from now on the checkpoint exists
     printf("wrote checkpoint %s/{model,state,manifest}_%08d\n", dir, step);
 }
@@ -286,6 +289,10 @@ static inline void run_dir_lock(RunDir* run, int create) {
     if (fd < 0 && !create && errno == ENOENT) { return; }
     if (fd < 0) { fatal("%s: cannot open the run's lock file: %s", path, strerror(errno)); }
     if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        if (errno != EWOULDBLOCK) {
+            fatal("%s: cannot lock the run's lock file: %s (hint: a file system without flock, such as some "
+                  "network mounts? choose a local -o)", path, strerror(errno));
+        }
         // the holder writes its pid just after taking the lock: wait up to a second for it
         char pid[32] = {0};
         ssize_t n = 0;
@@ -308,7 +315,10 @@ static inline void run_dir_lock(RunDir* run, int create) {
 static inline std::vector<int> ckpt_list(const char* dir, int tmp, std::vector<std::string>* names) {
     std::vector<int> steps;
     DIR* d = opendir(dir);
-    if (d == NULL) { return steps; }
+    if (d == NULL && errno == ENOENT) { return steps; }  // no -o yet: no checkpoint
+    if (d == NULL) {
+        fatal("-o %s: cannot list it: %s (hint: check the path and its permissions)", dir, strerror(errno));
+    }
     for (struct dirent* e; (e = readdir(d)) != NULL;) {
         int step = ckpt_name_step(e->d_name, tmp);
         if (step < 0) { continue; }
@@ -398,7 +408,12 @@ static inline void run_dir_check_resume(const RunDir* run) {
                     c->num_layers, c->channels, c->num_heads, c->vocab_size, c->max_seq_len);
         }
     }
-    if (args->steps < m->step || (args->steps == m->step && m->evaluated)) {
+    // -x at the checkpoint's step only finishes a run that ended there, stopped in its last
+    // evaluation: a checkpoint taken on the way has an optimizer that a last step would drain
+    const char* x = strstr(m->settings, "\n-x ");
+    int was_steps = -1;
+    if (x != NULL) { sscanf(x + 4, "%d", &was_steps); }
+    if (args->steps < m->step || (args->steps == m->step && (m->evaluated || was_steps != m->step))) {
         fatal("-x %d: the checkpoint of step %d in %s is already there (hint: give -x above %d to train on; the "
                 "model is %s/model_%08d.bin)", args->steps, m->step, run->dir, m->step, run->dir, m->step);
     }
@@ -505,8 +520,19 @@ static inline void run_dir_open(RunDir* run) {
     if (!removed.empty()) { printf("removed the temporary files of a write that did not finish: %s\n", removed.c_str()); }
     if (run->args->resume == RESUME_REPLACE && (!steps.empty() || logged >= 0)) {
         removed.clear();
+        // the manifests first: once they are gone no checkpoint counts, so a stop halfway cannot
+        // leave one of the replaced run's checkpoints for a later -y 1 to continue
+        const auto is_manifest = [](const std::string& name) { return name.rfind("manifest_", 0) == 0; };
+        for (const std::string& name : names) {
+            if (is_manifest(name)) { run_dir_remove(run->dir, name.c_str(), &removed); }
+        }
+        char log_path[4096];
+        snprintf(log_path, sizeof(log_path), "%s/main.log", run->dir);
+        sync_parent_dir(log_path);
         if (logged >= 0) { run_dir_remove(run->dir, "main.log", &removed); }
-        for (const std::string& name : names) { run_dir_remove(run->dir, name.c_str(), &removed); }
+        for (const std::string& name : names) {
+            if (!is_manifest(name)) { run_dir_remove(run->dir, name.c_str(), &removed); }
+        }
         printf("-y 2: replaced the run in %s, removed %s\n", run->dir, removed.c_str());
     }
     if (getrandom(&run->run_id, sizeof(run->run_id), 0) != (ssize_t)sizeof(run->run_id)) {

@@ -24,8 +24,9 @@ a final model byte-identical to an uninterrupted run's (and, where it says so, m
     file yet): the -y 1 stops, the other run's work kept
  4. SIGTERM and SIGINT during training (no -n): a checkpoint, exit 143 or 130, the resume line;
     SIGINT during validation and during the final sample: stopped there (no val line, the
-    sample cut short), and the resume redoes that step's evaluation and sample (the same tokens);
-    a second SIGINT exits at once; the timeline (-tr) is valid JSON
+    sample cut short), and the resume redoes that step's evaluation and sample (the same tokens),
+    while -x at the step of a checkpoint taken on the way is refused; a second SIGINT exits at
+    once; the timeline (-tr) is valid JSON
  5. resume with another model shape, another -b, or an -x at or below the checkpoint: refused,
     nothing changed (nor a -tr file in -o); other changes are named in one line
  6. main.log holds each step once after a resume (the same file as the uninterrupted run's)
@@ -343,7 +344,10 @@ def main():
             problems.append("no checkpoint 5 that says its evaluation is still to do")
         check("SIGINT during validation", problems, f"stopped {took:.1f} s after the signal in a validation of "
               f"{1 << 20} batches, before its val line; checkpoint 5")
-        if not problems:
+        if not problems:  # that checkpoint was taken on the way: -x 5 would finish a run it did not end
+            before = digests(out)
+            refused("  ... resume with -x 5 on it", run(argv(out, 5, "-n", str(steps), "-v", "5", "-m", "2", "-y", "1")),
+                    ["-x 5", "step 5", "already there"], before, out)
             resumed_same("  ... resumed (the validation redone)", out, ref_n, steps, "-n", str(steps), "-v", "5",
                          "-m", "2")
             text = open(os.path.join(out, "main.log")).read()
