@@ -717,13 +717,13 @@ typedef struct {
     float* gpu_v;    // (num_parameters) in the model's layout
 } CpuDevice;
 
-// packed[r * rows + o] = full[mat->offset + o * cols + order[r]] for the columns
-// order[0..count): a transpose. Element by element, every write to packed (or read, in scatter) would touch its
-// own cache line, one row's length apart. So the rows go in blocks of COPY_ROWS: a block
-// writes COPY_ROWS consecutive floats of each packed column (one 64-byte line) and reads its
-// COPY_ROWS rows' cache lines once for all the columns they hold. Offload's transfer time
-// ("other" in scripts/bench_modes_cpu.py; d4c256h4, B=1 T=16): 59 -> 13 ms a step. Only
-// copies: the bits cannot change.
+// packed[r * rows + o] = full[mat->offset + o * cols + order[r]] for the columns order[0..count): a
+// transpose. Element by element, every write to packed (or read, in scatter) would touch its own
+// cache line, one row's length apart. So the rows go in blocks of COPY_ROWS: a block writes
+// COPY_ROWS consecutive floats of each packed column (one 64-byte line) and reads its COPY_ROWS
+// rows' cache lines once for all the columns they hold. Offload's transfer time ("other" in
+// scripts/bench_modes_cpu.py; d4c256h4, B=1 T=16): 59 -> 13 ms a step. Only copies: the bits cannot
+// change.
 #define COPY_ROWS 16
 static void gather_columns(const float* full, const ZfMatrix* mat, const int* order, int count,
                            float* packed) {

@@ -1177,6 +1177,8 @@ static inline const char* zf_u_flag(int update_interval, char* text) {
     return text;
 }
 
+#define ZF_MAX_WINDOW (1 << 20)  // the longest U and U_max that -zu and -zx take
+
 // restores what zf_save_state wrote into a ZenFlow set up with zf_init for the same model;
 // the settings must be the ones the checkpoint was written with
 static inline void zf_load_state(void* ctx, FILE* fp, const char* path) {
@@ -1206,7 +1208,7 @@ static inline void zf_load_state(void* ctx, FILE* fp, const char* path) {
               more[3] == ZF_ACCUMULATE_GPU ? "gpu" : "cpu", zf_accumulate_names[c->accumulate]);
     }
     // (auto U: the file's -zx comes at its end, compared below; until then the flag's bound)
-    int longest = c->update_interval == ZF_AUTO ? 1 << 20 : c->update_interval;
+    int longest = c->update_interval == ZF_AUTO ? ZF_MAX_WINDOW : c->update_interval;
     if (ints[5] < 0 || ints[5] >= longest || (ints[6] != 0 && ints[6] != 1) ||
         (ints[6] == 1 && !c->overlap) || more[0] < 0) {
         fatal("%s: corrupt window state (n=%d, pending=%d)", path, ints[5], ints[6]);
@@ -1396,10 +1398,10 @@ static inline ZfConfig zf_parse_flags(const char* const z[26], const char* train
                 } else if (strcmp(val, "0") == 0) {
                     fatal("flag -zu: 0 is not a number of steps (hint: -zu auto lets the run decide)");
                 } else {
-                    c.update_interval = (int)parse_int(flag, val, 1, 1 << 20);
+                    c.update_interval = (int)parse_int(flag, val, 1, ZF_MAX_WINDOW);
                 }
                 break;
-            case 'x': c.max_update_interval = (int)parse_int(flag, val, 1, 1 << 20); break;
+            case 'x': c.max_update_interval = (int)parse_int(flag, val, 1, ZF_MAX_WINDOW); break;
             case 's': c.select_interval = (int)parse_int(flag, val, 0, 1 << 30); break;
             case 'w': c.warmup = (int)parse_int(flag, val, 0, 1 << 30); break;
             case 'v': c.overlap = (int)parse_int(flag, val, 0, 1); break;
