@@ -690,7 +690,7 @@ static inline void zf_apply_sync(ZenFlow* zf) {
 
 // runs a job of step s here and now, while the device waits: a stall
 static inline void zf_run_now(ZenFlow* zf, ZfJobFn fn, void* arg, int s) {
-    const char* what = fn == zf_accumulate ? "accumulation" : "update";
+    const char* what = fn == zf_accumulate ? "accumulation" : fn == zf_window_update ? "update" : "auto U sums";
     fn = zf_fault_injection(zf, fn, s);
     double t0 = zf_stall_begin(zf);
     int status = fn(arg);
@@ -913,8 +913,14 @@ static inline double zf_host_bytes(const ZfConfig* cfg, size_t c, size_t g, int 
 static inline double zf_host_memory_available(const char** source) {
     const char* fake = getenv("ZF_HOST_MEMORY_MB");
     if (fake != NULL) {
+        char* end = NULL;
+        double mib = strtod(fake, &end);
+        if (end == fake || *end != '\0' || !(mib >= 0.0 && mib <= 1e12)) {  // (!: a nan is refused too)
+            fatal("ZF_HOST_MEMORY_MB=%s is not a number of MiB from 0 to 1e12 "
+                  "(hint: unset it to use /proc/meminfo's MemAvailable)", fake);
+        }
         *source = "ZF_HOST_MEMORY_MB";
-        return parse_double("ZF_HOST_MEMORY_MB (environment)", fake, 0.0, 1e12) * 1048576.0;
+        return mib * 1048576.0;
     }
     FILE* fp = fopen("/proc/meminfo", "r");
     if (fp == NULL) {

@@ -133,6 +133,7 @@ def main():
             ("too little host memory", [], "of host memory", {"ZF_HOST_MEMORY_MB": "0.01"}),
             # the tests' debug delay: a typo would run a determinism test without delays
             ("ZF_WORKER_DELAY_US not a number", [], "ZF_WORKER_DELAY_US", {"ZF_WORKER_DELAY_US": "abc"}),
+            ("ZF_HOST_MEMORY_MB not a number", [], "ZF_HOST_MEMORY_MB=abc", {"ZF_HOST_MEMORY_MB": "abc"}),
             # enough for the window state, not for the migration a reselection (-zs 100) will
             # do: refused at start, not killed by the OOM killer at step 100 (-zs 0 trains, below)
             ("too little host memory for a migration", [], "of host memory", {"ZF_HOST_MEMORY_MB": between}),

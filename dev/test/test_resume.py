@@ -112,6 +112,24 @@ def main():
                    f"{'byte-identical' if same_model else 'DIFFERENT'}, losses "
                    f"{'equal' if same_losses else 'DIFFERENT'}")
 
+        # auto U with another -zx: the checkpoint of step 14 holds an open window of 2 steps,
+        # longer than -zx 1 allows; refused with one line that names -zx, the files untouched
+        mode, ck = "zenflow-all-gpu", 2 * CKPT
+        part = os.path.join(tmp, "other_zx")
+        os.mkdir(part)
+        for name in (f"model_{ck:08d}.bin", f"state_{ck:08d}.bin", f"manifest_{ck:08d}.txt", "main.log"):
+            shutil.copy(os.path.join(tmp, f"{mode}_full", name), part)
+        before = {n: open(os.path.join(part, n), "rb").read() for n in os.listdir(part)}
+        other = MODES[mode][:MODES[mode].index("-zx") + 1] + ["1"] + MODES[mode][MODES[mode].index("-zx") + 2:]
+        r = subprocess.run(trainer_args(trainer, case, part, other + ["-y", "1"]), capture_output=True, text=True)
+        lines = [l for l in r.stderr.splitlines() if l.strip()]
+        named = len(lines) == 1 and "written with -zx 3, but this run uses -zx 1" in lines[0]
+        after = {n: open(os.path.join(part, n), "rb").read() for n in os.listdir(part) if n != "lock"}
+        report(r.returncode > 0 and named and after == before,
+               f"{mode}: resumed at step {ck} with -zx 1: exit {r.returncode}, "
+               f"{lines[0] if named else 'error line: ' + repr(lines[:2])}, "
+               f"files {'untouched' if after == before else 'CHANGED'}")
+
         # kill at random moments, resume until done
         mode, extra = "zenflow", MODES["zenflow"]
         full = final_model(os.path.join(tmp, f"{mode}_full"))
