@@ -359,10 +359,10 @@ static void zf_cuda_grads_to_host(void* ctx, const ZenFlow* zf, float* host, int
     ZfStaging* st = dev->grads_stage;
     const ZfGroupRange r = dev->groups[group < 0 ? zf->own.num_groups : group];
     if (r.n == 0) { return; }
-    // the staging buffer is free once its last copy out and its last copy in are done. A
-    // transfer in groups waits only before its first group, the last layer's (the backward's
-    // first): the later groups write other parts of the buffer, and waiting for this step's
-    // own copies would serialize them.
+    // the staging buffer is free once its last copy out and its last copy in are done (the
+    // default stream waits, not the host). A transfer in groups waits only before its first
+    // group, the last layer's (the backward's first): the later groups write other parts of the
+    // buffer, and waiting for this step's own copies would serialize them.
     if (group < 0 || group == zf->own.num_groups - 1) {
         zf_cuda_compute_waits(dev, st->d2h_done);
         zf_cuda_compute_waits(dev, st->h2d_done);

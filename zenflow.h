@@ -603,7 +603,7 @@ static int zf_window_update(void* arg) {
     }
     const ZfBackend* be = &zf->backend;
     // A that came from the device (-za gpu; in a synchronous window of one step, the landing
-    // buffer of g_t) has landed. The default's A never crossed: no copy records its fence, no wait.
+    // buffer of g_t) has landed. The default's A never crossed: its fence is never recorded.
     be->host_wait(be->ctx, job->acc);
     be->host_wait(be->ctx, zf->cpu.master);  // the previous result has left for the device
     double t0 = now_ms();
@@ -631,8 +631,8 @@ static inline void zf_wait_idle(ZenFlow* zf) {
     zf_check_workers(zf);
 }
 
-// Finishes a synchronous update still going in layer by layer (option), applies the pending
-// window, waits for every job: no error goes unreported, nothing is traced after.
+// Finishes a synchronous update still going in layer by layer (option), applies the pending window
+// (an open one, n < U, is not), waits for every job: no error goes unreported, nothing is traced after.
 static inline void zf_drain(ZenFlow* zf) {
     zf_apply_pending(zf);
     zf_wait_and_apply(zf);
