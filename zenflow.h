@@ -306,8 +306,8 @@ static inline ZfTicket zf_submit_job(ZenFlow* zf, ZfWorker* thread, ZfJobFn fn, 
 }
 
 // Waits for one job, and so for every earlier job of its thread. While the main thread blocks
-// here the GPU gets no new work: the time it idles is a stall (spec 8), which zf_stall_begin
-// and zf_stall_end measure. (The GPU's own waits for copies: zf_cuda_compute_waits.)
+// here the GPU gets no new work: once its queue runs dry it idles, a stall (spec 8), which
+// zf_stall_begin and zf_stall_end measure. (The GPU's own waits for copies: zf_cuda_compute_waits.)
 static inline void zf_wait_job(ZenFlow* zf, ZfTicket job) {
     if (!zf_worker_finished(job.thread, job.ticket)) {  // else (or no job) no wait, and no stall
         double t0 = zf_stall_begin(zf);

@@ -1,8 +1,8 @@
 /*
-AdamW for one element, exactly docs/zenflow_spec.md section 3.1: the one formula the CPU
-(cpu_adam.cpp, whose AVX path mirrors it) and the GPU kernels run, so that they agree bit for
-bit by construction. Build with -ffp-contract=off (g++) and -fmad=false (nvcc): a fused
-multiply-add would round once where the spec rounds twice.
+AdamW for one element, exactly docs/zenflow_spec.md section 3.1: the one formula the GPU
+kernels and the CPU's scalar path run, so that they agree bit for bit by construction (the
+AVX path in cpu_adam.cpp is a copy, which the tests pin). Build with -ffp-contract=off (g++)
+and -fmad=false (nvcc): a fused multiply-add would round once where the spec rounds twice.
 */
 #ifndef LLMC_ADAMW_H
 #define LLMC_ADAMW_H
