@@ -12,7 +12,7 @@ the end is the measurement (the last full run: docs/testing.md, "Mutation testin
 A survivor is either a gap to close with a test, or a change that cannot alter any result
 (an "equivalent" mutant), which the list then says and drops.
 
-  python3 dev/mutants.py                 all mutants (about 80 minutes on two idle cores, more on a busy one)
+  python3 dev/mutants.py                 all mutants (80 to 100 minutes on two idle cores, more on a busy one)
   python3 dev/mutants.py --only C3,G2    some of them
   python3 dev/mutants.py --list          the list, nothing run
   python3 dev/mutants.py --check         only whether every mutation still applies (seconds)
