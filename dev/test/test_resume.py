@@ -120,7 +120,8 @@ def main():
         for name in (f"model_{ck:08d}.bin", f"state_{ck:08d}.bin", f"manifest_{ck:08d}.txt", "main.log"):
             shutil.copy(os.path.join(tmp, f"{mode}_full", name), part)
         before = {n: open(os.path.join(part, n), "rb").read() for n in os.listdir(part)}
-        other = MODES[mode][:MODES[mode].index("-zx") + 1] + ["1"] + MODES[mode][MODES[mode].index("-zx") + 2:]
+        at = MODES[mode].index("-zx") + 1  # its value, 3
+        other = MODES[mode][:at] + ["1"] + MODES[mode][at + 1:]
         r = subprocess.run(trainer_args(trainer, case, part, other + ["-y", "1"]), capture_output=True, text=True)
         lines = [l for l in r.stderr.splitlines() if l.strip()]
         named = len(lines) == 1 and "written with -zx 3, but this run uses -zx 1" in lines[0]
