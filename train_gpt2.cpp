@@ -1099,6 +1099,7 @@ int main(int argc, char* argv[]) {
     if (args.trace_path != NULL) {
         trace_open(args.trace_path, args.trace_first, args.trace_first + args.trace_steps - 1);
     }
+    if (zf.cfg.selection_log != NULL) { zf_selection_log(&zf); }  // -zl's, written at each selection
     FILE* scores_file = scores_path != NULL ? scores_open(scores_path, &zf) : NULL;
 
     for (int step = start_step >= 0 ? start_step : 0; step <= steps; step++) {

@@ -560,6 +560,7 @@ int main(int argc, char* argv[]) {
         trace_open(args.trace_path, args.trace_first, args.trace_first + args.trace_steps - 1);
         gpu_trace_open();
     }
+    if (zf.cfg.selection_log != NULL) { zf_selection_log(&zf); }  // -zl's, written at each selection
     FILE* metrics = NULL;
     if (metrics_path != NULL) {
         metrics = fopenCheck(metrics_path, "w");

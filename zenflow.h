@@ -1304,7 +1304,8 @@ static inline double zf_cpu_work_ms(const ZenFlow* zf) {
     return __atomic_load_n(&zf->stats.cpu_work_us, __ATOMIC_RELAXED) * 1e-3;
 }
 
-// -zl's file, created at its first line: after the run's checks (a refused run leaves it as it was)
+// -zl's file: the trainers create it once the run's checks have passed (a refused run leaves it as
+// it was, a resumed one writes it anew); else at its first line
 static inline FILE* zf_selection_log(ZenFlow* zf) {
     if (zf->stats.selection_log == NULL) { zf->stats.selection_log = fopenCheck(zf->cfg.selection_log, "w"); }
     return zf->stats.selection_log;
@@ -1418,7 +1419,7 @@ static inline ZfConfig zf_parse_flags(const char* const z[26], const char* train
                 break;
             case 'p': c.pipeline = (int)parse_int(flag, val, 0, 1); break;
             case 'l':
-                check_output_file(flag, val, out_dir);  // opened at its first line (zf_selection_log)
+                check_output_file(flag, val, out_dir);  // created by the trainer (zf_selection_log)
                 c.selection_log = val;
                 break;
             default: fatal("unknown flag %s (hint: -h lists the flags)", flag);

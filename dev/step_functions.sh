@@ -12,7 +12,8 @@
 #   --step T   the 0-based step (default 7: U = 4, so step 7 closes the second window and
 #              applies the first one's update; step 0 selects)
 # Kernels and the device functions they call are left out (they run on the emulator's
-# threads); so are the trainer's own functions and llmc's plumbing (timing, tracing, checks).
+# threads), but for llmc/adamw.h's, the formula the CPU runs too; so are the trainer's own
+# functions and llmc's plumbing (timing, tracing, checks).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STEP=7

@@ -14,7 +14,8 @@ a final model byte-identical to an uninterrupted run's (and, where it says so, m
  1. a second run into the same -o without -y: refused, nothing changed (where the first wrote no
     checkpoint, the hint offers -y 2, not -y 1; a -zl file in -o is not emptied); -y 2 with a
     -tr file that cannot be written: refused before anything is removed; -tr and -zl in an -o
-    that does not exist yet: written there; -y 2 replaces the run
+    that does not exist yet: written there; a resume that selects nothing: its -zl file created
+    anew, empty; -y 2 replaces the run
  2. 4 KB of garbage in the newest state file; a damaged model payload (finite values): resume
     skips that checkpoint, naming it, and ends byte-identical with the same main.log (also with
     an -x at the damaged one's step: -x is checked against the checkpoint resumed); every
@@ -173,6 +174,13 @@ def main():
         problems = [] if r.returncode == 0 else [f"exit {r.returncode}: {err_lines(r.stderr)[-1:]}"]
         problems += [f"no {n}" for n in ("t.json", "sel.txt") if not problems and not os.path.exists(os.path.join(new, n))]
         check("-tr and -zl in a new -o", problems, "the run creates -o, then writes them there")
+        again = copy_of(logs, "zl_resumed")  # ... and a resumed run writes them anew, selecting or not
+        drop(again, 10)
+        r = run(argv(again, 10, "-y", "1", "-zl", os.path.join(again, "sel.txt")))  # steps 8, 9: no selection
+        problems = [] if r.returncode == 0 else [f"exit {r.returncode}: {err_lines(r.stderr)[-1:]}"]
+        if not problems and read(os.path.join(again, "sel.txt")) != b"":
+            problems.append("sel.txt still holds the earlier run's lines")
+        check("-zl of a resumed run that selects nothing", problems, "created anew, empty")
         fresh4 = d("fresh4")
         run(argv(fresh4, 4, "-n", "2")).check_returncode()
         r = run(argv(first, 4, "-n", "2", "-y", "2"))
