@@ -383,6 +383,7 @@ static inline void catch_stop_signals(void) {
 }
 
 static inline int stop_requested(void) { return g_stop_signal != 0; }
+static inline const char* stop_signal_name(void) { return g_stop_signal == SIGTERM ? "SIGTERM" : "SIGINT"; }
 
 // ----------------------------------------------------------------------------
 // starting a run: run_dir_begin, run_dir_open, run_dir_resume
@@ -519,6 +520,11 @@ static inline void run_dir_open(RunDir* run) {
     for (const std::string& name : tmps) { run_dir_remove(run->dir, name.c_str(), &removed); }
     if (!removed.empty()) { printf("removed the temporary files of a write that did not finish: %s\n", removed.c_str()); }
     if (run->args->resume == RESUME_REPLACE && (!steps.empty() || logged >= 0)) {
+        if (stop_requested()) {  // a stop while the run started: the removal could not be undone
+            fprintf(stderr, "error: interrupted (%s) before -y 2 replaced the run in %s: it is kept\n",
+                    stop_signal_name(), run->dir);
+            exit(128 + g_stop_signal);
+        }
         removed.clear();
         // the manifests first: once they are gone no checkpoint counts, so a stop halfway cannot
         // leave one of the replaced run's checkpoints for a later -y 1 to continue
@@ -699,11 +705,12 @@ static inline std::string run_dir_shell_quoted(const std::string& a) {
     return out;
 }
 
-// the command line again, with -y 1 (shell-quoted where needed)
+// the command line again, with -y 1 (shell-quoted where needed), without -e: the model comes
+// from the checkpoint, and the -e file need not outlive it
 static inline std::string run_dir_resume_command(const RunDir* run) {
     std::string cmd;
     for (int i = 0; i < run->argc; i++) {
-        if (strcmp(run->argv[i], "-y") == 0 && i + 1 < run->argc) {
+        if ((strcmp(run->argv[i], "-y") == 0 || strcmp(run->argv[i], "-e") == 0) && i + 1 < run->argc) {
             i++;
             continue;
         }
@@ -728,7 +735,7 @@ static inline int run_dir_writes_at(const RunDir* run, int step) {
 // the trace, and exits 128 + signal.
 [[noreturn]] static inline void run_dir_stop(RunDir* run, int step, const GPT2Config* config, const float* params,
                                              OptimizerState opt, const DataLoader* loader, uint64_t rng) {
-    const char* name = g_stop_signal == SIGTERM ? "SIGTERM" : "SIGINT";
+    const char* name = stop_signal_name();
     if (run_dir_writes_at(run, step)) {
         write_checkpoint(run, step, 0, config, params, opt, loader, rng);
     }

@@ -50,6 +50,38 @@ static inline void train_print_run(const GPT2Config* c, size_t num_parameters, c
     printf("[run] B=%d T=%d steps=%d lr=%g wd=%g %s\n", a->B, a->T, a->steps, a->lr, a->weight_decay, device);
 }
 
+// The files the flags name for writing (-tr, -zl, -zd, -zm) are the run's own: not a file it reads
+// (-e, -i, -j, -k), not another flag's, not one of -o's (main.log, lock, the checkpoints). A slip
+// there would write over data, a model or a checkpoint; it is refused before anything is written.
+static inline void train_check_outputs(const TrainArgs* a, const TrainData* d) {
+    const char* const flags[4] = {"-tr", "-zl", "-zd", "-zm"};
+    const char* const paths[4] = {a->trace_path, train_args_zflag(a, 'l'), train_args_zflag(a, 'd'),
+                                  train_args_zflag(a, 'm')};
+    std::vector<std::pair<const char*, const char*>> taken;  // (flag, file): what the run reads, then writes
+    for (const char* read : {a->model_spec, a->tokenizer_path}) {  // (-e may be a shape, -k missing)
+        if (access(read, F_OK) == 0) { taken.push_back({read == a->model_spec ? "-e" : "-k", read}); }
+    }
+    for (size_t i = 0; i < d->train.glob_result.gl_pathc; i++) { taken.push_back({"-i", d->train.glob_result.gl_pathv[i]}); }
+    for (size_t i = 0; i < d->val.glob_result.gl_pathc; i++) { taken.push_back({"-j", d->val.glob_result.gl_pathv[i]}); }
+    for (int i = 0; i < 4; i++) {
+        if (paths[i] == NULL) { continue; }
+        for (const auto& other : taken) {
+            if (same_file(paths[i], other.second)) {
+                fatal("flag %s: %s is also %s's file (hint: name a file of its own)", flags[i], paths[i], other.first);
+            }
+        }
+        char dir[4096];
+        snprintf(dir, sizeof(dir), "%s", paths[i]);
+        const char* name = strrchr(paths[i], '/') != NULL ? strrchr(paths[i], '/') + 1 : paths[i];
+        if (a->output_dir != NULL && same_file(dirname(dir), a->output_dir) &&
+            (strcmp(name, "main.log") == 0 || strcmp(name, "lock") == 0 || ckpt_name_step(name, 0) >= 0 ||
+             ckpt_name_step(name, 1) >= 0)) {
+            fatal("flag %s: %s is a file of -o's run (hint: name a file of its own)", flags[i], paths[i]);
+        }
+        taken.push_back({flags[i], paths[i]});
+    }
+}
+
 // opens -i, -j and -k for this model (its vocabulary; T no longer than its maxT). With -v 0
 // the val data is never read, so -j need not name any.
 static inline void train_data_open(TrainData* d, const TrainArgs* a, const GPT2Config* c) {
@@ -60,6 +92,7 @@ static inline void train_data_open(TrainData* d, const TrainArgs* a, const GPT2C
     tokenizer_init(&d->tokenizer, a->tokenizer_path);
     tokenizer_match_model(&d->tokenizer, a->tokenizer_path, c->vocab_size);
     train_args_notes(a, c->max_seq_len, dataloader_batches(&d->val));
+    train_check_outputs(a, d);
 }
 
 static inline void train_data_free(TrainData* d) {

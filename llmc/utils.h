@@ -92,6 +92,14 @@ static inline int same_folder(const char* a, const char* b) {
            strcmp(place_a, place_b) == 0;
 }
 
+// a and b name the same file or folder: one inode where either exists (a link counts), else one place
+static inline int same_file(const char* a, const char* b) {
+    struct stat sa, sb;
+    const int has_a = stat(a, &sa) == 0, has_b = stat(b, &sb) == 0;
+    if (has_a || has_b) { return has_a && has_b && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino; }
+    return same_folder(a, b);
+}
+
 // An output file that a flag names, checked at the start: it, or the folder it would be created
 // in, can be written. Nothing is created or emptied here; the run opens it once its checks have
 // passed, so that a run refused on the way leaves the file as it was. Its folder may be the run's

@@ -15,7 +15,8 @@ a final model byte-identical to an uninterrupted run's (and, where it says so, m
     checkpoint, the hint offers -y 2, not -y 1; a -zl file in -o is not emptied); -y 2 with a
     -tr file that cannot be written: refused before anything is removed; -tr and -zl in an -o
     that does not exist yet: written there; a resume that selects nothing: its -zl file created
-    anew, empty; -y 2 replaces the run
+    anew, empty; -tr or -zl naming a file the run reads (-i, -e), the other's, main.log or a
+    checkpoint in -o: refused, nothing changed; -y 2 replaces the run
  2. 4 KB of garbage in the newest state file; a damaged model payload (finite values): resume
     skips that checkpoint, naming it, and ends byte-identical with the same main.log (also with
     an -x at the damaged one's step: -x is checked against the checkpoint resumed); every
@@ -27,7 +28,8 @@ a final model byte-identical to an uninterrupted run's (and, where it says so, m
     SIGINT during validation and during the final sample: stopped there (no val line, the
     sample cut short), and the resume redoes that step's evaluation and sample (the same tokens),
     while -x at the step of a checkpoint taken on the way is refused; a second SIGINT exits at
-    once; the timeline (-tr) is valid JSON
+    once; the timeline (-tr) is valid JSON; the resume line leaves out -e; SIGINT while a -y 2
+    starts: the run it would replace is kept
  5. resume with another model shape, another -b, or an -x at or below the checkpoint: refused,
     nothing changed (nor a -tr file in -o); other changes are named in one line
  6. main.log holds each step once after a resume (the same file as the uninterrupted run's)
@@ -181,6 +183,21 @@ def main():
         if not problems and read(os.path.join(again, "sel.txt")) != b"":
             problems.append("sel.txt still holds the earlier run's lines")
         check("-zl of a resumed run that selects nothing", problems, "created anew, empty")
+        # ... and each is a file of its own: not one the run reads, another flag's, or one of -o's
+        own = copy_of(base, "own_files")
+        shard, model = os.path.join(own, "shard.bin"), os.path.join(own, "model.bin")
+        shutil.copy(f"{case}/train.bin", shard)
+        shutil.copy(f"{case}/model.bin", model)
+        before = digests(own)
+        for name, more, needles in [
+                ("-tr naming the -i shard", ["-i", shard, "-tr", shard], ["flag -tr", shard, "-i's file"]),
+                ("-zl naming the -e model", ["-zl", model], ["flag -zl", "-e's file"]),
+                ("-tr and -zl naming one file", ["-tr", os.path.join(own, "t.txt"), "-zl", os.path.join(own, "t.txt")],
+                 ["flag -zl", "-tr's file"]),
+                ("-zl naming -o's main.log", ["-zl", os.path.join(own, "main.log")], ["flag -zl", "-o's run"]),
+                ("-tr naming the checkpoint -y 1 resumes", ["-tr", os.path.join(own, ".", "model_00000010.bin")],
+                 ["flag -tr", "-o's run"])]:
+            refused(name, run(argv(own, 12, "-y", "1", *more, model=model)), needles, before, own)
         fresh4 = d("fresh4")
         run(argv(fresh4, 4, "-n", "2")).check_returncode()
         r = run(argv(first, 4, "-n", "2", "-y", "2"))
@@ -316,6 +333,8 @@ def main():
                 problems.append(f"exit {p.returncode} (want {code}{', it finished first: raise --steps' if p.returncode == 0 else ''})")
             if len(lines) != 1 or f"interrupted ({name})" not in lines[0] or "-y 1" not in lines[0]:
                 problems.append(f"stderr {lines[-2:]}")
+            elif " -e " in lines[0].split("resume with:")[-1]:  # (the model is the checkpoint's)
+                problems.append("the resume command names -e")
             if not os.path.exists(os.path.join(out, f"manifest_{stopped:08d}.txt")):
                 problems.append(f"no checkpoint {stopped} (without -n)")
             try:
@@ -325,6 +344,29 @@ def main():
             check(f"{name} during training", problems, f"'{lines[0][:90] if lines else ''}...', trace valid JSON")
             if not problems:
                 resumed_same(f"  ... resumed", out, ref_n, steps, "-n", str(steps))
+
+        # a stop while a -y 2 starts (its signal handler is in place; the model still to build):
+        # the run it would replace is kept
+        def catches_sigint(pid):
+            try:
+                caught = [l for l in open(f"/proc/{pid}/status") if l.startswith("SigCgt:")]
+            except OSError:
+                return False
+            return bool(caught) and int(caught[0].split()[1], 16) & (1 << (signal.SIGINT - 1)) != 0
+
+        kept = copy_of(base, "y2_stopped")
+        before = digests(kept)
+        p = start(argv(kept, 4, "-y", "2", model="d4c256h4"))
+        wait_for(lambda: catches_sigint(p.pid), p)
+        p.send_signal(signal.SIGINT)
+        _, err = p.communicate(timeout=300)
+        lines = err_lines(err)
+        problems = [] if p.returncode == 130 else [f"exit {p.returncode} (want 130)"]
+        if len(lines) != 1 or "before -y 2 replaced the run" not in lines[0]:
+            problems.append(f"stderr {lines[-2:]}")
+        if digests(kept) != before:
+            problems.append("files in -o changed")
+        check("SIGINT while a -y 2 starts", problems, f"'{lines[0][:70] if lines else ''}...', every file unchanged")
 
         # (from a checkpoint of step 4, so that the first validation is the one of step 5)
         out = copy_of(base, "SIGINT_validation")
