@@ -6,10 +6,12 @@ Hugging Face GPT-2 checkpoints to llm.c model files, and back.
         pytorch_model.bin, also sharded with an index), or a model name: gpt2, gpt2-medium,
         gpt2-large, gpt2-xl, distilgpt2 (downloaded by huggingface_hub, or found in its cache)
     python3 scripts/convert_hf.py export SRC DIR
-        SRC: an llm.c model file, or a run's checkpoint folder (-o; its newest model_*.bin)
+        SRC: an llm.c model file, or a run's checkpoint folder (-o; the model_*.bin of its
+        newest checkpoint whose manifest is there, as -y 1 chooses)
         DIR: a folder that transformers' GPT2LMHeadModel.from_pretrained(DIR) loads; with
         GPT-2's vocabulary also its tokenizer (vocab.json and merges.txt: GPT-2's own BPE
-        files), so that AutoTokenizer and pipeline("text-generation", DIR) load it too
+        files), so that AutoTokenizer and pipeline("text-generation", DIR) load it too (an
+        earlier export's tokenizer files beside a model of another vocabulary are removed)
 
 What the conversion does (the model file's layout: docs/formats.md):
 - Names. HF's tensors are named per layer (h.<l>.attn.c_attn.weight, ...), with or without
@@ -259,14 +261,27 @@ def do_import(src, out):
 # export: ours -> HF
 
 def newest_model(src):
-    """SRC itself, or the newest model_<step>.bin of a checkpoint folder"""
+    """SRC itself, or the model_<step>.bin of a checkpoint folder's newest checkpoint whose write
+    finished: its manifest, written last, is there and gives the model file's size (as -y 1
+    chooses; the checksums are the trainer's to verify). Newer ones are named and skipped."""
     p = Path(src)
     if p.is_dir():
-        models = sorted(p.glob("model_[0-9]*.bin"))
+        models = sorted(p.glob("model_[0-9]*.bin"), reverse=True)
         if not models:
             raise ConvertError(f"{src}: a folder without checkpoints model_<step>.bin (hint: train with "
                                f"-o {src} -n <every N steps>, or pass a model file)")
-        return models[-1]
+        skipped = []
+        for model in models:
+            manifest = p / model.name.replace("model_", "manifest_").replace(".bin", ".txt")
+            text = manifest.read_text(errors="replace") if manifest.is_file() else ""
+            size = re.search(rf"^model {re.escape(model.name)} (\d+) ", text, re.M)
+            if size is not None and int(size.group(1)) == model.stat().st_size:
+                if skipped:
+                    print(f"note: skipped newer checkpoints: {', '.join(skipped)}")
+                return model
+            skipped.append(f"{model.name} ({'not the size its manifest gives' if text else 'no manifest: its write did not finish'})")
+        raise ConvertError(f"{src}: no checkpoint whose write finished: {', '.join(skipped)} (hint: pass a model "
+                           f"file)")
     if not p.is_file():
         raise ConvertError(f"{src}: no such model file or checkpoint folder")
     return p
@@ -337,8 +352,13 @@ def do_export(src, out):
     save_file(tensors, str(tmp), metadata={"format": "pt"})
     os.replace(tmp, out / "model.safetensors")
     (out / "config.json").write_text(json.dumps(hf_config(L, C, NH, V, maxT), indent=2) + "\n")
-    files = "config.json, model.safetensors" + (export_tokenizer(out) if V == 50257 else "")
-    print(f"exported {path}: L={L} C={C} NH={NH} V={V} maxT={maxT} to {out} ({files})")
+    tokenizer = export_tokenizer(out) if V == 50257 else ""
+    files = "config.json, model.safetensors" + tokenizer
+    stale = [] if tokenizer else [n for n in ("vocab.json", "merges.txt") if (out / n).exists()]
+    for name in stale:  # an earlier export's tokenizer, not this model's
+        (out / name).unlink()
+    removed = f"; removed an earlier export's {', '.join(stale)}" if stale else ""
+    print(f"exported {path}: L={L} C={C} NH={NH} V={V} maxT={maxT} to {out} ({files}){removed}")
 
 
 def export_tokenizer(out):
@@ -360,7 +380,7 @@ def main():
     p.add_argument("src", help=f"a model folder, or a name: {', '.join(NAMES)}")
     p.add_argument("out", help="the model file to write, e.g. gpt2_124M.bin")
     p = sub.add_parser("export", help="an llm.c model file or checkpoint folder -> a Hugging Face folder")
-    p.add_argument("src", help="a model file, or a checkpoint folder (its newest model_<step>.bin)")
+    p.add_argument("src", help="a model file, or a checkpoint folder (its newest finished checkpoint)")
     p.add_argument("out", help="the folder to write (config.json, model.safetensors; the tokenizer's files)")
     args = parser.parse_args()
     try:

@@ -567,6 +567,7 @@ def check_T(model, T):
 
 
 def cmd_state(args):
+    check_writable("--out", args.out)
     model = read_model(args.model)
     check_T(model, args.T)
     loader = DataLoader(args.data, args.B, args.T, model.config.vocab_size)

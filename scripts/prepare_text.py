@@ -231,6 +231,8 @@ def main():
     args = parser.parse_args()
     if args.val_tokens < 1 or args.shard_tokens < 1:
         parser.error("--val-tokens and --shard-tokens must be at least 1")
+    if not args.name or "/" in args.name:
+        parser.error(f"--name {args.name!r}: the shards' file name prefix, not empty, without '/'")
     out = Path(args.out) if args.out else data_files.REPO_ROOT / "data" / args.name
     with data_files.exit_on_input_error():  # the BPE files: missing or wrong, one line
         enc = bpe.load_gpt2_tokenizer(args.data_dir)

@@ -20,7 +20,8 @@ Then:
      AutoTokenizer loads and which gives scripts/bpe.py's ids;
   4. a checkpoint: two training steps of the CPU trainer from the imported file (-o, -n),
      exported from the checkpoint folder, give in transformers the logits of our forward on
-     that checkpoint (1e-5).
+     that checkpoint (1e-5); a newer model file without its manifest (a write that did not
+     finish) is skipped and named, and an earlier export's vocab.json is removed.
 And the converter's errors, one line each: a model name with no network, a folder without
 weights, a GELU that is not GPT-2's, an lm_head not tied to wte, a config.json that is a list
 or has n_head 0, a model.safetensors cut short, an index without weight_map, an import to a
@@ -221,6 +222,17 @@ def test_shape(transformers, torch, forward_bin, trainer, shape, tmp):
     if not check(f"{name}: export of the checkpoint folder", p.returncode == 0 and "model_00000002.bin" in p.stdout,
                  p.stderr.strip() + p.stdout.strip()):
         return
+    # a newer checkpoint whose write did not finish (no manifest) is skipped, as -y 1 skips it;
+    # an earlier export's GPT-2 tokenizer beside this vocabulary's model is removed
+    shutil.copyfile(run_dir / "model_00000002.bin", run_dir / "model_00000004.bin")
+    (tmp / "exported_run" / "vocab.json").write_text("{}")
+    p = convert("export", run_dir, tmp / "exported_run")
+    check(f"{name}: export of a folder whose newest checkpoint has no manifest: the one before, named",
+          p.returncode == 0 and "exported " + str(run_dir / "model_00000002.bin") in p.stdout
+          and "skipped newer checkpoints: model_00000004.bin (no manifest" in p.stdout, p.stderr.strip() + p.stdout.strip())
+    check(f"{name}: an earlier export's vocab.json is removed", not (tmp / "exported_run" / "vocab.json").exists()
+          and "removed an earlier export's vocab.json" in p.stdout, p.stdout.strip())
+    (run_dir / "model_00000004.bin").unlink()
     tuned = transformers.GPT2LMHeadModel.from_pretrained(tmp / "exported_run", attn_implementation="eager").eval()
     ref_logits, ref_loss = hf_forward(torch, tuned, x, y)
     logits, loss = our_forward(forward_bin, run_dir / "model_00000002.bin", x, y, tmp)
