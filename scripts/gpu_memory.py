@@ -153,6 +153,19 @@ def table():
               f"at B=4 {b4 / 1e9:.2f} GB")
 
 
+def check_setting(args, L, C, NH, V, maxT):
+    """one line and exit 1 for a setting the trainers refuse: no table of a run that cannot start"""
+    if min(L, C, NH, V, maxT) < 1 or C % NH:
+        sys.exit(f"error: -e {args.e}: L={L} C={C} NH={NH} V={V} maxT={maxT} is not a GPT-2 shape (hint: NH "
+                 f"divides C, every size at least 1)")
+    if args.b < 1 or not 1 <= args.t <= maxT:
+        sys.exit(f"error: -b {args.b} -t {args.t}: B must be at least 1, T from 1 to the model's maxT={maxT}")
+    if not 0 <= args.zk <= 1 or args.zv not in (0, 1) or args.zw < 0:
+        sys.exit(f"error: -zk {args.zk} -zv {args.zv} -zw {args.zw}: k from 0 to 1, -zv 0 or 1, -zw at least 0")
+    if args.zu != "auto" and not (args.zu.isdigit() and int(args.zu) >= 1):
+        sys.exit(f"error: -zu {args.zu}: a number of steps, at least 1, or auto")
+
+
 def main():
     parser = argparse.ArgumentParser(description="GPU memory of the CUDA trainer, part by part")
     parser.add_argument("-e", default=None, help="model: d12 ... or d<L>c<C>h<NH>, or a model file")
@@ -168,6 +181,7 @@ def main():
         table()
         return
     L, C, NH, V, maxT = parse_model(args.e)
+    check_setting(args, L, C, NH, V, maxT)
     parts = gpu_memory(L, C, NH, V, maxT, args.b, args.t, args.zo, args.zk, args.zv, args.zw, args.zu == "auto")
     print_parts(parts, f"GPU memory the CUDA trainer would take in {args.zo} mode at B={args.b} T={args.t}:")
 
