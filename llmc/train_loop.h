@@ -58,9 +58,9 @@ static inline void train_check_outputs(const TrainArgs* a, const TrainData* d) {
     const char* const paths[4] = {a->trace_path, train_args_zflag(a, 'l'), train_args_zflag(a, 'd'),
                                   train_args_zflag(a, 'm')};
     std::vector<std::pair<const char*, const char*>> taken;  // (flag, file): what the run reads, then writes
-    for (const char* read : {a->model_spec, a->tokenizer_path}) {  // (-e may be a shape, -k missing)
-        if (access(read, F_OK) == 0) { taken.push_back({read == a->model_spec ? "-e" : "-k", read}); }
-    }
+    GPT2Config shape;
+    if (!gpt2_parse_model_spec(a->model_spec, &shape)) { taken.push_back({"-e", a->model_spec}); }  // (else a shape)
+    if (access(a->tokenizer_path, F_OK) == 0) { taken.push_back({"-k", a->tokenizer_path}); }  // (else not read)
     for (size_t i = 0; i < d->train.glob_result.gl_pathc; i++) { taken.push_back({"-i", d->train.glob_result.gl_pathv[i]}); }
     for (size_t i = 0; i < d->val.glob_result.gl_pathc; i++) { taken.push_back({"-j", d->val.glob_result.gl_pathv[i]}); }
     for (int i = 0; i < 4; i++) {
@@ -70,9 +70,11 @@ static inline void train_check_outputs(const TrainArgs* a, const TrainData* d) {
                 fatal("flag %s: %s is also %s's file (hint: name a file of its own)", flags[i], paths[i], other.first);
             }
         }
-        char dir[4096];
-        snprintf(dir, sizeof(dir), "%s", paths[i]);
-        const char* name = strrchr(paths[i], '/') != NULL ? strrchr(paths[i], '/') + 1 : paths[i];
+        char dir[PATH_MAX];  // where it is written: a link's target
+        if (realpath(paths[i], dir) == NULL) { snprintf(dir, sizeof(dir), "%s", paths[i]); }
+        const char* slash = strrchr(dir, '/');
+        char name[PATH_MAX];
+        snprintf(name, sizeof(name), "%s", slash != NULL ? slash + 1 : dir);
         if (a->output_dir != NULL && same_file(dirname(dir), a->output_dir) &&
             (strcmp(name, "main.log") == 0 || strcmp(name, "lock") == 0 || ckpt_name_step(name, 0) >= 0 ||
              ckpt_name_step(name, 1) >= 0)) {

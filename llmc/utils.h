@@ -92,12 +92,18 @@ static inline int same_folder(const char* a, const char* b) {
            strcmp(place_a, place_b) == 0;
 }
 
-// a and b name the same file or folder: one inode where either exists (a link counts), else one place
+// a and b name the same file or folder: one inode where either exists (a link counts), else the
+// same name in the same folder (which need not exist yet either, as a new -o)
 static inline int same_file(const char* a, const char* b) {
     struct stat sa, sb;
     const int has_a = stat(a, &sa) == 0, has_b = stat(b, &sb) == 0;
     if (has_a || has_b) { return has_a && has_b && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino; }
-    return same_folder(a, b);
+    char dir_a[4096], dir_b[4096], name_a[4096], name_b[4096];
+    snprintf(dir_a, sizeof(dir_a), "%s", a);
+    snprintf(dir_b, sizeof(dir_b), "%s", b);
+    snprintf(name_a, sizeof(name_a), "%s", a);
+    snprintf(name_b, sizeof(name_b), "%s", b);
+    return strcmp(basename(name_a), basename(name_b)) == 0 && same_file(dirname(dir_a), dirname(dir_b));
 }
 
 // An output file that a flag names, checked at the start: it, or the folder it would be created

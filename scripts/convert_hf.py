@@ -354,7 +354,7 @@ def do_export(src, out):
     (out / "config.json").write_text(json.dumps(hf_config(L, C, NH, V, maxT), indent=2) + "\n")
     tokenizer = export_tokenizer(out) if V == 50257 else ""
     files = "config.json, model.safetensors" + tokenizer
-    stale = [] if tokenizer else [n for n in ("vocab.json", "merges.txt") if (out / n).exists()]
+    stale = [] if V == 50257 else [n for n in ("vocab.json", "merges.txt") if (out / n).exists()]
     for name in stale:  # an earlier export's tokenizer, not this model's
         (out / name).unlink()
     removed = f"; removed an earlier export's {', '.join(stale)}" if stale else ""

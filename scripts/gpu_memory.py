@@ -155,15 +155,16 @@ def table():
 
 def check_setting(args, L, C, NH, V, maxT):
     """one line and exit 1 for a setting the trainers refuse: no table of a run that cannot start"""
-    if min(L, C, NH, V, maxT) < 1 or C % NH:
-        sys.exit(f"error: -e {args.e}: L={L} C={C} NH={NH} V={V} maxT={maxT} is not a GPT-2 shape (hint: NH "
-                 f"divides C, every size at least 1)")
-    if args.b < 1 or not 1 <= args.t <= maxT:
-        sys.exit(f"error: -b {args.b} -t {args.t}: B must be at least 1, T from 1 to the model's maxT={maxT}")
+    # llmc/gpt2_file.h's gpt2_validate_config, llmc/args.h's and zenflow.h's ranges
+    if not (1 <= L <= 1024 and 1 <= C <= 65536 and NH >= 1 and 1 <= V <= 65536 and 1 <= maxT <= 1 << 20) or C % NH:
+        sys.exit(f"error: -e {args.e}: L={L} C={C} NH={NH} V={V} maxT={maxT} is not a shape the trainers take "
+                 f"(hint: NH divides C; L <= 1024, C <= 65536, V <= 65536, maxT <= 1048576, each at least 1)")
+    if not 1 <= args.b <= 1 << 16 or not 1 <= args.t <= maxT:
+        sys.exit(f"error: -b {args.b} -t {args.t}: B from 1 to 65536, T from 1 to the model's maxT={maxT}")
     if not 0 <= args.zk <= 1 or args.zv not in (0, 1) or args.zw < 0:
         sys.exit(f"error: -zk {args.zk} -zv {args.zv} -zw {args.zw}: k from 0 to 1, -zv 0 or 1, -zw at least 0")
-    if args.zu != "auto" and not (args.zu.isdigit() and int(args.zu) >= 1):
-        sys.exit(f"error: -zu {args.zu}: a number of steps, at least 1, or auto")
+    if args.zu != "auto" and not (args.zu.isdigit() and 1 <= int(args.zu) <= 1 << 20):
+        sys.exit(f"error: -zu {args.zu}: a number of steps from 1 to 1048576, or auto")
 
 
 def main():

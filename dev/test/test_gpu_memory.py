@@ -8,7 +8,7 @@ docs/memory.md's table comes from), part by part and to the byte:
     that bypassed cuda_malloc would show there;
   - the CPU trainer prints llmc/gpu_memory.h's formula (what the CUDA trainer would take).
 Shapes and modes: each mode, C not a multiple of 32, warm-up, auto U, no overlap, k 0.25. And
-five settings the CPU trainer refuses (a shape, T, B, k, U), which the script refuses too.
+seven settings the CPU trainer refuses (two shapes, T, B, k, two U), which the script refuses too.
 
     /usr/bin/python3 dev/test/test_gpu_memory.py <CUDA trainer> <CPU trainer> [--emulated-gpu]
 """
@@ -90,15 +90,17 @@ def main():
                 print(f"ok   {name}: {want['total']} bytes in {len(want) - 1} parts, as the formula{extra}")
                 passed += 1
     # settings the trainers refuse: the script prints no table for them either
-    for model, more in [("d4c256h3", []), ("d2c64h2v97t32", ["-t", "64"]), ("d2c64h2v97t32", ["-b", "0"]),
-                        ("d2c64h2v97t32", ["-zk", "5"]), ("d2c64h2v97t32", ["-zu", "abc"])]:
+    for model, more in [("d4c256h3", []), ("d2c64h2v70000t32", []), ("d2c64h2v97t32", ["-t", "64"]),
+                        ("d2c64h2v97t32", ["-b", "0"]), ("d2c64h2v97t32", ["-zk", "5"]),
+                        ("d2c64h2v97t32", ["-zu", "abc"]), ("d2c64h2v97t32", ["-zu", "99999999"])]:
         argv = ["-e", model, "-t", "16", "-b", "2", *more]
         p = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_memory.py"), *argv], capture_output=True,
                            text=True, timeout=60)
         t = subprocess.run([args[-1], *argv, "-i", DATA, "-x", "0", "-v", "0", "-s", "0"], capture_output=True,
                            text=True, timeout=600)
-        lines = p.stderr.strip().splitlines()
-        ok = p.returncode == 1 and len(lines) == 1 and lines[0].startswith("error: ") and not p.stdout and t.returncode != 0
+        lines, refusal = p.stderr.strip().splitlines(), t.stderr.strip().splitlines()[-1:]
+        ok = (p.returncode == 1 and len(lines) == 1 and lines[0].startswith("error: ") and not p.stdout
+              and t.returncode == 1 and refusal and refusal[0].startswith("error: ") and DATA not in refusal[0])
         print(f"{'ok  ' if ok else 'FAIL'} gpu_memory.py {' '.join(argv)}: one line, exit 1, as the CPU trainer refuses it"
               + ("" if ok else f": exit {p.returncode}, {p.stderr.strip()!r}, trainer exit {t.returncode}"))
         passed, failed = passed + ok, failed + (not ok)

@@ -15,8 +15,9 @@ a final model byte-identical to an uninterrupted run's (and, where it says so, m
     checkpoint, the hint offers -y 2, not -y 1; a -zl file in -o is not emptied); -y 2 with a
     -tr file that cannot be written: refused before anything is removed; -tr and -zl in an -o
     that does not exist yet: written there; a resume that selects nothing: its -zl file created
-    anew, empty; -tr or -zl naming a file the run reads (-i, -e), the other's, main.log or a
-    checkpoint in -o: refused, nothing changed; -y 2 replaces the run
+    anew, empty; -tr or -zl naming a file the run reads (-i, -e), the other's (also in a new
+    -o), main.log (also through a link) or a checkpoint in -o: refused, nothing changed; -y 2
+    replaces the run
  2. 4 KB of garbage in the newest state file; a damaged model payload (finite values): resume
     skips that checkpoint, naming it, and ends byte-identical with the same main.log (also with
     an -x at the damaged one's step: -x is checked against the checkpoint resumed); every
@@ -188,6 +189,7 @@ def main():
         shard, model = os.path.join(own, "shard.bin"), os.path.join(own, "model.bin")
         shutil.copy(f"{case}/train.bin", shard)
         shutil.copy(f"{case}/model.bin", model)
+        os.symlink(os.path.join(own, "main.log"), d("link.log"))
         before = digests(own)
         for name, more, needles in [
                 ("-tr naming the -i shard", ["-i", shard, "-tr", shard], ["flag -tr", shard, "-i's file"]),
@@ -196,8 +198,14 @@ def main():
                  ["flag -zl", "-tr's file"]),
                 ("-zl naming -o's main.log", ["-zl", os.path.join(own, "main.log")], ["flag -zl", "-o's run"]),
                 ("-tr naming the checkpoint -y 1 resumes", ["-tr", os.path.join(own, ".", "model_00000010.bin")],
-                 ["flag -tr", "-o's run"])]:
+                 ["flag -tr", "-o's run"]),
+                ("-tr through a link to -o's main.log", ["-tr", d("link.log")], ["flag -tr", "-o's run"])]:
             refused(name, run(argv(own, 12, "-y", "1", *more, model=model)), needles, before, own)
+        later = d("later")  # (an -o the run has yet to create)
+        problems, _ = runner.one_line_error(run(argv(later, 4, "-tr", os.path.join(later, "t.json"), "-zl",
+                                                     os.path.join(later, "t.json"))), ["flag -zl", "-tr's file"])
+        check("-tr and -zl naming one file in a new -o", problems + (["-o created"] if os.path.exists(later) else []),
+              "refused, -o not created")
         fresh4 = d("fresh4")
         run(argv(fresh4, 4, "-n", "2")).check_returncode()
         r = run(argv(first, 4, "-n", "2", "-y", "2"))

@@ -194,7 +194,7 @@ def test_bad_inputs(tmp):
     for name in ("a/b", ""):
         p = prepare("--out", tmp / "named", "--name", name, good)
         check(f"--name {name!r}: refused before anything is written, exit 2",
-              p.returncode == 2 and "--name" in p.stderr and not (tmp / "named").exists(), p.stderr.strip())
+              p.returncode == 2 and f"--name {name!r}:" in p.stderr and not (tmp / "named").exists(), p.stderr.strip())
     p = prepare("--out", good / "sub", good)
     check("an --out that cannot be created: one line naming it, exit 1",
           p.returncode == 1 and len(error_lines(p)) == 1 and error_lines(p)[0].startswith(f"error: --out {good / 'sub'}: ")
