@@ -107,6 +107,12 @@ static inline int ckpt_name_step(const char* name, int tmp) {
     return -1;
 }
 
+// a name the run writes in its -o: main.log, lock, a checkpoint file or its .tmp
+static inline int run_dir_owns(const char* name) {
+    return strcmp(name, "main.log") == 0 || strcmp(name, "lock") == 0 || ckpt_name_step(name, 0) >= 0 ||
+           ckpt_name_step(name, 1) >= 0;
+}
+
 // ----------------------------------------------------------------------------
 // the manifest: a small text file whose last line is the checksum of the lines above it
 

@@ -75,9 +75,7 @@ static inline void train_check_outputs(const TrainArgs* a, const TrainData* d) {
         const char* slash = strrchr(dir, '/');
         char name[PATH_MAX];
         snprintf(name, sizeof(name), "%s", slash != NULL ? slash + 1 : dir);
-        if (a->output_dir != NULL && same_file(dirname(dir), a->output_dir) &&
-            (strcmp(name, "main.log") == 0 || strcmp(name, "lock") == 0 || ckpt_name_step(name, 0) >= 0 ||
-             ckpt_name_step(name, 1) >= 0)) {
+        if (a->output_dir != NULL && same_file(dirname(dir), a->output_dir) && run_dir_owns(name)) {
             fatal("flag %s: %s is a file of -o's run (hint: name a file of its own)", flags[i], paths[i]);
         }
         taken.push_back({flags[i], paths[i]});
